@@ -1,0 +1,62 @@
+# tessera — every target installs what it needs; `make demo` and `make test` are the contract.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Stable cache outside the checkout, so a fresh clone reuses Go modules, the Go build cache and the harness.
+TESSERA_CACHE ?= $(HOME)/.cache/tessera
+export TESSERA_CACHE
+export GOMODCACHE ?= $(TESSERA_CACHE)/go/mod
+export GOCACHE ?= $(TESSERA_CACHE)/go/build
+export GOTOOLCHAIN := local
+export GOWORK := off
+export GOFLAGS := -mod=readonly
+
+.PHONY: all venv lint unit e2e test harness demo demo-down proto bench soak clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy driver kubeletplugin controller tessera
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# The e2e harness: one Go binary built from Kubernetes' own modules, cached by content hash.
+harness:
+	@bash e2e/harness/build.sh
+
+e2e: $(STAMP) harness
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m pytest -q e2e
+
+test: lint unit e2e
+
+proto: $(STAMP)
+	$(PY) -m proto.generate
+
+demo: $(STAMP) harness
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.demo up
+
+demo-down: $(STAMP)
+	$(PY) -m e2e.demo down
+
+bench: $(STAMP) harness
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m benchmarks.run
+
+soak: $(STAMP) harness
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""The cluster agent: admission webhook, inventory cache of ResourceSlices, claim and class checks."""

@@ -1,0 +1,1 @@
+"""The `tessera` command line: wires driver, kubeletplugin and controller together."""

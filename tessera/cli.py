@@ -1,0 +1,39 @@
+"""`tessera` console script. Each subcommand lives in its own module with `add_arguments` and `run`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+from driver.logsetup import configure_logging
+
+# subcommand -> (module, one-line help). Subcommand modules keep heavy imports (gRPC, webhook)
+# inside run(), so `tessera inventory` does not pay for them.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "inventory": ("tessera.cmd_inventory", "print this node's GPUs and the ResourceSlices tessera would publish"),
+    "publish": ("tessera.cmd_publish", "run the ResourceSlice publisher alone against a kubeconfig"),
+    "kubelet-plugin": ("tessera.cmd_kubelet_plugin", "run the node agent kubelet talks to"),
+    "controller": ("tessera.cmd_controller", "run the admission webhook and inventory cache"),
+    "check": ("tessera.cmd_check", "check DeviceClass/ResourceClaim YAML offline"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera", description="Kubernetes DRA driver for NVIDIA GPUs")
+    parser.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sp)
+        sp.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    rc: int = args._module.run(args)
+    return rc

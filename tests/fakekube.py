@@ -1,0 +1,175 @@
+"""An in-memory stand-in for the apiserver's ResourceSlice/ResourceClaim/Node endpoints (unit tests only)."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from driver.kubeapi import ApiError, Obj, WatchEvent
+
+
+def _matches_fields(obj: Obj, field_selector: str) -> bool:
+    for term in filter(None, field_selector.split(",")):
+        key, _, want = term.partition("=")
+        cur: Any = obj
+        for part in key.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if str(cur) != want:
+            return False
+    return True
+
+
+class FakeKubeAPI:
+    """Keeps objects in dicts, assigns resourceVersions and uids, and streams watch events.
+
+    `fail_next(n, status)` makes the next n calls fail as an unreachable or erroring apiserver would.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rv = 0
+        self.nodes: dict[str, Obj] = {}
+        self.claims: dict[tuple[str, str], Obj] = {}
+        self.slices: dict[str, Obj] = {}
+        self.calls: list[str] = []
+        self._failures: list[ApiError] = []
+        self._watchers: list[queue.Queue[WatchEvent | None]] = []
+        self.on_call: Callable[[str], None] | None = None
+
+    # -- test controls -------------------------------------------------------------------
+    def fail_next(self, count: int, status: int = 0, reason: str = "Unreachable") -> None:
+        with self._lock:
+            self._failures.extend(ApiError(status, reason, "injected") for _ in range(count))
+
+    def add_node(self, name: str) -> Obj:
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(uuid.uuid4())}}
+        self.nodes[name] = node
+        return node
+
+    def add_claim(self, claim: Obj) -> Obj:
+        claim = copy.deepcopy(claim)
+        meta = claim.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("namespace", "default")
+        self.claims[(meta["namespace"], meta["name"])] = claim
+        return claim
+
+    def close_watches(self) -> None:
+        with self._lock:
+            for q in self._watchers:
+                q.put(None)
+
+    # -- internals -----------------------------------------------------------------------
+    def _enter(self, call: str) -> None:
+        self.calls.append(call)
+        if self.on_call:
+            self.on_call(call)
+        with self._lock:
+            if self._failures:
+                raise self._failures.pop(0)
+
+    def _bump(self, obj: Obj) -> Obj:
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        return obj
+
+    def _emit(self, type_: str, obj: Obj) -> None:
+        for q in self._watchers:
+            q.put(WatchEvent(type_, copy.deepcopy(obj)))
+
+    # -- KubeAPI -------------------------------------------------------------------------
+    def get_node(self, name: str) -> Obj:
+        self._enter(f"get_node {name}")
+        if name not in self.nodes:
+            raise ApiError(404, "NotFound", f"nodes {name!r} not found")
+        return copy.deepcopy(self.nodes[name])
+
+    def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        self._enter(f"get_claim {namespace}/{name}")
+        if (namespace, name) not in self.claims:
+            raise ApiError(404, "NotFound", f"resourceclaims {name!r} not found")
+        return copy.deepcopy(self.claims[(namespace, name)])
+
+    def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj:
+        self._enter("list_slices")
+        with self._lock:
+            items = [copy.deepcopy(s) for s in self.slices.values() if _matches_fields(s, field_selector)]
+            return {"kind": "ResourceSliceList", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def create_resource_slice(self, body: Obj) -> Obj:
+        self._enter("create_slice")
+        with self._lock:
+            body = copy.deepcopy(body)
+            meta = body.setdefault("metadata", {})
+            if "generateName" in meta and "name" not in meta:
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta["name"]
+            if name in self.slices:
+                raise ApiError(409, "AlreadyExists", f"resourceslices {name!r} already exists")
+            meta["uid"] = str(uuid.uuid4())
+            self.slices[name] = self._bump(body)
+            self._emit("ADDED", body)
+            return copy.deepcopy(body)
+
+    def replace_resource_slice(self, name: str, body: Obj) -> Obj:
+        self._enter("replace_slice")
+        with self._lock:
+            if name not in self.slices:
+                raise ApiError(404, "NotFound", f"resourceslices {name!r} not found")
+            cur = self.slices[name]
+            want_rv = body.get("metadata", {}).get("resourceVersion")
+            if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", "the object has been modified")
+            body = copy.deepcopy(body)
+            body["metadata"]["uid"] = cur["metadata"]["uid"]
+            self.slices[name] = self._bump(body)
+            self._emit("MODIFIED", body)
+            return copy.deepcopy(body)
+
+    def delete_resource_slice(self, name: str) -> None:
+        self._enter("delete_slice")
+        with self._lock:
+            if name not in self.slices:
+                raise ApiError(404, "NotFound", f"resourceslices {name!r} not found")
+            obj = self.slices.pop(name)
+            self._rv += 1
+            self._emit("DELETED", obj)
+
+    def watch_resource_slices(
+        self, resource_version: str, field_selector: str = "", timeout_seconds: int = 60
+    ) -> Iterator[WatchEvent]:
+        self._enter("watch_slices")
+        q: queue.Queue[WatchEvent | None] = queue.Queue()
+        with self._lock:
+            self._watchers.append(q)
+        try:
+            while True:
+                try:
+                    event = q.get(timeout=timeout_seconds)
+                except queue.Empty:
+                    return
+                if event is None:
+                    return
+                if _matches_fields(event.object, field_selector):
+                    yield event
+        finally:
+            with self._lock:
+                self._watchers.remove(q)
+
+    # -- out-of-band edits (another client, kubelet wiping slices) -------------------------
+    def external_delete_slice(self, name: str) -> None:
+        with self._lock:
+            obj = self.slices.pop(name)
+            self._rv += 1
+            self._emit("DELETED", obj)
+
+    def external_edit_slice(self, name: str, mutate: Callable[[Obj], None]) -> None:
+        with self._lock:
+            obj = self.slices[name]
+            mutate(obj)
+            self._bump(obj)
+            self._emit("MODIFIED", obj)
