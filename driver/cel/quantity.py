@@ -1,0 +1,472 @@
+"""Kubernetes resource quantities, parsed and compared exactly as apimachinery does.
+
+`kubernetes.utils.parse_quantity` rounds through a 28-digit Decimal context and accepts strings
+Go rejects, so it cannot decide a selector the way the scheduler does. This module follows the
+Go implementation (`k8s.io/apimachinery/pkg/api/resource`) step by step, including its internal
+representation: CEL's `isInteger()`/`asInteger()` and `asApproximateFloat()` answer differently
+for the same number depending on whether Go holds it as a scaled int64 or as an `inf.Dec`.
+
+Representation (mirrors Go):
+- int form: ``value * 10**scale`` with ``value`` in int64 range (Go's `int64Amount`),
+- dec form: ``unscaled * 10**-dec_scale`` with an unbounded integer (Go's `inf.Dec`).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Literal
+
+Format = Literal["DecimalExponent", "BinarySI", "DecimalSI"]
+
+INT64_MAX = (1 << 63) - 1
+INT64_MIN = -(1 << 63)
+_NANO = -9
+# Go keeps at most 18 decimal digits on the int64 fast path.
+_MAX_INT64_FACTORS = 18
+
+_DEC_SUFFIXES: dict[str, int] = {
+    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+}
+_BIN_SUFFIXES: dict[str, int] = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DEC_EXPONENT_TO_SUFFIX = {v: k for k, v in _DEC_SUFFIXES.items()}
+_BIN_EXPONENT_TO_SUFFIX = {v: k for k, v in _BIN_SUFFIXES.items()}
+_SUFFIX_CHARS = frozenset("eEinumkKMGTP")
+_DIGITS = frozenset("0123456789")
+
+QUANTITY_PATTERN = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+def _fits_int64(v: int) -> bool:
+    return INT64_MIN <= v <= INT64_MAX
+
+
+def _to_int32(v: int) -> int:
+    """Go's int32(x) conversion: keep the low 32 bits, two's complement."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+def _go_pow10(n: int) -> float:
+    """Go's math.Pow10: table-based, so some results differ from Python's 10.0 ** n in the last bit."""
+    if 0 <= n <= 308:
+        return float(f"1e{(n // 32) * 32}") * float(f"1e{n % 32}")
+    if -323 <= n <= 0:
+        m = -n
+        return float(f"1e-{(m // 32) * 32}") / float(f"1e{m % 32}")
+    return float("inf") if n > 0 else 0.0
+
+
+def _int_to_float(v: int) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+
+
+def _round_up_div(value: int, divisor: int) -> tuple[int, bool]:
+    """value / divisor rounded away from zero, and whether it was exact."""
+    q, r = divmod(abs(value), divisor)
+    if r:
+        q += 1
+    return (q if value >= 0 else -q), r == 0
+
+
+def _scan(s: str) -> tuple[bool, str, str, str, str]:
+    """Go's parseQuantityString: (positive, value, num, denom, suffix); raises ValueError on bad format."""
+    positive = True
+    pos = 0
+    end = len(s)
+    if pos < end and s[0] in "+-":
+        positive = s[0] == "+"
+        pos += 1
+    while True:  # strip leading zeros
+        if pos >= end:
+            return positive, "0", "0", "", ""
+        if s[pos] != "0":
+            break
+        pos += 1
+    start = pos
+    while pos < end and s[pos] in _DIGITS:
+        pos += 1
+    num = s[start:pos]
+    if pos >= end:
+        return positive, s, num, "", ""
+    if not num:
+        num = "0"
+    denom = ""
+    if s[pos] == ".":
+        pos += 1
+        start = pos
+        while pos < end and s[pos] in _DIGITS:
+            pos += 1
+        denom = s[start:pos]
+        if pos >= end:
+            return positive, s, num, denom, ""
+    value = s[:pos]
+    suffix_start = pos
+    while pos < end and s[pos] in _SUFFIX_CHARS:
+        pos += 1
+    if pos >= end:
+        return positive, value, num, denom, s[suffix_start:]
+    if s[pos] in "+-":
+        pos += 1
+    while pos < end and s[pos] in _DIGITS:
+        pos += 1
+    if pos < end:
+        raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
+    return positive, value, num, denom, s[suffix_start:]
+
+
+def _go_parse_int64(text: str) -> int | None:
+    """strconv.ParseInt(text, 10, 64): optional sign, ASCII digits, int64 range."""
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if not body or any(c not in _DIGITS for c in body):
+        return None
+    v = int(text)
+    return v if _fits_int64(v) else None
+
+
+def _interpret_suffix(suffix: str) -> tuple[int, int, Format]:
+    if suffix in _DEC_SUFFIXES:
+        return 10, _DEC_SUFFIXES[suffix], "DecimalSI"
+    if suffix in _BIN_SUFFIXES:
+        return 2, _BIN_SUFFIXES[suffix], "BinarySI"
+    if len(suffix) > 1 and suffix[0] in "eE":
+        parsed = _go_parse_int64(suffix[1:])
+        if parsed is not None:
+            # Go truncates the exponent to int32: "1e4294967296" is 1.
+            return 10, _to_int32(parsed), "DecimalExponent"
+    raise ValueError("unable to parse quantity's suffix")
+
+
+def _parse_dec(value: str) -> tuple[int, int]:
+    """inf.Dec SetString for the scanner's value part: [sign] digits [. digits]."""
+    sign = -1 if value.startswith("-") else 1
+    body = value.lstrip("+-")
+    whole, _, frac = body.partition(".")
+    digits = whole + frac
+    if not digits:
+        raise ValueError("unable to parse numeric part of quantity")
+    return sign * int(digits), len(frac)
+
+
+class Quantity:
+    """An immutable Kubernetes quantity (see module docstring for the representation)."""
+
+    __slots__ = ("_dec", "_int", "_s", "format")
+
+    def __init__(
+        self,
+        *,
+        int_amount: tuple[int, int] | None = None,
+        dec_amount: tuple[int, int] | None = None,
+        fmt: Format = "DecimalSI",
+        text: str = "",
+    ) -> None:
+        if (int_amount is None) == (dec_amount is None):
+            raise ValueError("Quantity needs exactly one of int_amount and dec_amount")
+        if int_amount is not None and not _fits_int64(int_amount[0]):
+            raise ValueError(f"int amount {int_amount[0]} does not fit in int64")
+        self._int = int_amount
+        self._dec = dec_amount
+        self.format: Format = fmt
+        self._s = text
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_int(cls, value: int, fmt: Format = "DecimalSI") -> Quantity:
+        """Go's NewQuantity(value, format)."""
+        return cls(int_amount=(value, 0), fmt=fmt)
+
+    @classmethod
+    def parse(cls, s: str) -> Quantity:
+        """Go's ParseQuantity. Raises ValueError with Go's message on anything Go rejects."""
+        if not isinstance(s, str):
+            raise ValueError(f"quantity must be a string, not {type(s).__name__}")
+        if not s:
+            raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
+        if not s.isascii():
+            raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
+        if s == "0":
+            return cls(int_amount=(0, 0), fmt="DecimalSI", text=s)
+        positive, value, num, denom, suffix = _scan(s)
+        base, exponent, fmt = _interpret_suffix(suffix)
+
+        precision = 0
+        scale = 0
+        mantissa = 1
+        if fmt == "BinarySI":
+            if exponent >= 0 and not denom:
+                mantissa = 1 << exponent
+                # float32(exponent)*3/10 truncated, as Go computes it
+                precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+            else:
+                precision = -1
+        else:
+            scale = exponent
+            precision = _MAX_INT64_FACTORS - (len(num) + len(denom))
+
+        if precision >= 0:
+            scale -= len(denom)
+            if scale >= _NANO:
+                shifted = num + denom
+                parsed = _go_parse_int64(shifted)
+                if parsed is None:
+                    raise ValueError("unable to parse numeric part of quantity")
+                result = parsed * mantissa
+                if _fits_int64(result):
+                    if not positive:
+                        result = -result
+                    canonical = (
+                        exponent % 10 == 0 and (parsed & 0x07) != 0
+                        if fmt == "BinarySI"
+                        else _go_rem(scale, 3) == 0 and not shifted.endswith("000") and shifted[0] != "0"
+                    )
+                    return cls(int_amount=(result, scale), fmt=fmt, text=s if canonical else "")
+
+        unscaled, dec_scale = _parse_dec(value)
+        if base == 10:
+            dec_scale -= exponent
+        else:
+            unscaled <<= exponent
+        negative = unscaled < 0
+        unscaled = abs(unscaled)
+        if unscaled != 0 and dec_scale != -_NANO:
+            unscaled, dec_scale = _dec_round_up(unscaled, dec_scale, -_NANO)
+        if fmt == "BinarySI" and _dec_fraction(unscaled, dec_scale) > INT64_MAX:
+            unscaled, dec_scale = INT64_MAX, 0
+        if fmt == "BinarySI" and 0 < _dec_fraction(unscaled, dec_scale) < 1:
+            fmt = "DecimalSI"
+        if negative:
+            unscaled = -unscaled
+        return cls(dec_amount=(unscaled, dec_scale), fmt=fmt)
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    @property
+    def is_int_form(self) -> bool:
+        """True when Go holds this value as a scaled int64 (not as inf.Dec)."""
+        return self._int is not None
+
+    def fraction(self) -> Fraction:
+        """The exact value."""
+        if self._int is not None:
+            v, sc = self._int
+            return Fraction(v) * 10**sc if sc >= 0 else Fraction(v, 10**-sc)
+        assert self._dec is not None
+        return _dec_fraction(*self._dec)
+
+    def sign(self) -> int:
+        f = self.fraction()
+        return (f > 0) - (f < 0)
+
+    def is_zero(self) -> bool:
+        return self.sign() == 0
+
+    def cmp(self, other: Quantity) -> int:
+        a, b = self.fraction(), other.fraction()
+        return (a > b) - (a < b)
+
+    def as_int64(self) -> int | None:
+        """Go's AsInt64: the value when the int64 fast path can express it, else None."""
+        if self._int is None:
+            return None
+        v, sc = self._int
+        if sc == 0:
+            return v
+        if sc < 0:
+            return None
+        result = v * 10**sc
+        return result if _fits_int64(result) else None
+
+    def value(self) -> int:
+        """Go's Value(): the value rounded up to an integer.
+
+        Go rounds the int64 form away from zero but the inf.Dec form by truncating and adding one
+        when there is a remainder (so -1.5 in Dec form gives 0); both are reproduced. Go silently
+        overflows past int64; this returns the exact Python int instead.
+        """
+        f = self.fraction()
+        if self._int is not None:
+            return _round_up_div(f.numerator, f.denominator)[0]
+        trunc = abs(f.numerator) // f.denominator * (1 if f >= 0 else -1)
+        return trunc + (1 if f.denominator != 1 and Fraction(trunc) != f else 0)
+
+    def milli_value(self) -> int:
+        """Go's MilliValue(): the value times 1000, rounded up (away from zero)."""
+        f = self.fraction() * 1000
+        q, _ = _round_up_div(f.numerator, f.denominator)
+        return q
+
+    def as_approximate_float(self) -> float:
+        """Go's AsApproximateFloat64, bit for bit (including math.Pow10's table rounding)."""
+        if self._dec is not None:
+            base = _int_to_float(self._dec[0])
+            exponent = -self._dec[1]
+        else:
+            assert self._int is not None
+            base = float(self._int[0])
+            exponent = self._int[1]
+        if exponent == 0:
+            return base
+        return base * _go_pow10(exponent)
+
+    # -- arithmetic (Go's Add/Sub, including the int64 overflow switch to inf.Dec) --------------
+
+    def add(self, other: Quantity) -> Quantity:
+        fmt = self.format
+        if self._int is not None and other._int is not None:
+            if self._int[0] == 0:
+                fmt = other.format
+            summed = _int_add(self._int, other._int)
+            if summed is not None:
+                return Quantity(int_amount=summed, fmt=fmt)
+        elif self.is_zero():
+            fmt = other.format
+        a, b = self._as_dec(), other._as_dec()
+        return Quantity(dec_amount=_dec_add(a, b), fmt=fmt)
+
+    def sub(self, other: Quantity) -> Quantity:
+        fmt = self.format
+        if self.is_zero():
+            fmt = other.format
+        if self._int is not None and other._int is not None:
+            if self._int[0] == 0 and other._int[0] == INT64_MIN:
+                neg = -other._int[0]
+                return Quantity(dec_amount=(neg, -other._int[1]), fmt=fmt)
+            diff = _int_add(self._int, (-other._int[0], other._int[1]))
+            if diff is not None:
+                return Quantity(int_amount=diff, fmt=fmt)
+        a, b = self._as_dec(), other._as_dec()
+        return Quantity(dec_amount=_dec_add(a, (-b[0], b[1])), fmt=fmt)
+
+    def _as_dec(self) -> tuple[int, int]:
+        if self._dec is not None:
+            return self._dec
+        assert self._int is not None
+        return self._int[0], -self._int[1]
+
+    # -- formatting -----------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        if self._s:
+            return self._s
+        return self._canonical()
+
+    def __repr__(self) -> str:
+        return f"Quantity({str(self)!r})"
+
+    def _canonical(self) -> str:
+        if self.is_zero():
+            return "0"
+        fmt = self.format
+        f = self.fraction()
+        if fmt == "BinarySI" and (-1024 < f < 1024 or f.denominator != 1):
+            fmt = "DecimalSI"
+        if fmt == "BinarySI":
+            amount = f.numerator
+            times = 0
+            while abs(amount) >= 1024 and amount % 1024 == 0:
+                amount //= 1024
+                times += 1
+            return f"{amount}{_BIN_EXPONENT_TO_SUFFIX.get(times * 10, '')}"
+        mantissa, exponent = _decimal_digits(f)
+        shift = exponent % 3
+        mantissa *= 10**shift
+        exponent -= shift
+        if fmt == "DecimalSI" and exponent in _DEC_EXPONENT_TO_SUFFIX:
+            suffix = _DEC_EXPONENT_TO_SUFFIX[exponent]
+        else:
+            suffix = f"e{exponent}" if exponent != 0 else ""
+        return f"{mantissa}{suffix}"
+
+    # -- Python protocol ------------------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Quantity):
+            return NotImplemented
+        return self.fraction() == other.fraction()
+
+    def __hash__(self) -> int:
+        return hash(self.fraction())
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.cmp(other) < 0
+
+    def __le__(self, other: Quantity) -> bool:
+        return self.cmp(other) <= 0
+
+    def __gt__(self, other: Quantity) -> bool:
+        return self.cmp(other) > 0
+
+    def __ge__(self, other: Quantity) -> bool:
+        return self.cmp(other) >= 0
+
+
+def canonical_roundtrip(s: str) -> Quantity:
+    """Parse s the way the scheduler sees it: the apiserver stores String() and readers re-parse it."""
+    return Quantity.parse(str(Quantity.parse(s)))
+
+
+def _go_rem(a: int, b: int) -> int:
+    """Go's % (truncated toward zero)."""
+    r = abs(a) % abs(b)
+    return -r if a < 0 else r
+
+
+def _dec_fraction(unscaled: int, dec_scale: int) -> Fraction:
+    return Fraction(unscaled, 10**dec_scale) if dec_scale >= 0 else Fraction(unscaled * 10**-dec_scale)
+
+
+def _dec_round_up(unscaled: int, dec_scale: int, target: int) -> tuple[int, int]:
+    """inf.Dec Round(x, target, RoundUp) for x >= 0: sets the scale to exactly target."""
+    if dec_scale <= target:
+        return unscaled * 10 ** (target - dec_scale), target
+    q, _ = _round_up_div(unscaled, 10 ** (dec_scale - target))
+    return q, target
+
+
+def _dec_add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    scale = max(a[1], b[1])
+    return a[0] * 10 ** (scale - a[1]) + b[0] * 10 ** (scale - b[1]), scale
+
+
+def _int_add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    """Go's int64Amount.Add: None where Go's int64 arithmetic would overflow."""
+    av, asc = a
+    bv, bsc = b
+    if bv == 0:
+        return a
+    if av == 0:
+        return b
+    if asc == bsc:
+        c = av + bv
+        return (c, asc) if _fits_int64(c) else None
+    if asc > bsc:
+        scaled = av * 10 ** (asc - bsc)
+        if not _fits_int64(scaled):
+            return None
+        c = scaled + bv
+        return (c, bsc) if _fits_int64(c) else None
+    scaled = bv * 10 ** (bsc - asc)
+    if not _fits_int64(scaled):
+        return None
+    c = av + scaled
+    return (c, asc) if _fits_int64(c) else None
+
+
+def _decimal_digits(f: Fraction) -> tuple[int, int]:
+    """(mantissa, exponent) with f == mantissa * 10**exponent and no trailing zeros in mantissa."""
+    num, den = f.numerator, f.denominator
+    exponent = 0
+    while den != 1:
+        # every stored quantity is a finite decimal, so the denominator only has factors 2 and 5
+        num *= 10
+        exponent -= 1
+        g = Fraction(num, den)
+        num, den = g.numerator, g.denominator
+    while num % 10 == 0:
+        num //= 10
+        exponent += 1
+    return num, exponent

@@ -1,0 +1,187 @@
+"""driver.cel.quantity against apimachinery's ParseQuantity golden behaviour."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from driver.cel.quantity import INT64_MAX, Quantity, _go_pow10, canonical_roundtrip
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("0", "0"),
+        ("0Mi", "0"),
+        ("1Ki", "1Ki"),
+        ("1024", "1024"),
+        ("1000", "1k"),
+        ("1.5Gi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        ("1.1Gi", "1181116006400m"),
+        ("100m", "100m"),
+        ("0.1", "100m"),
+        ("1.5k", "1500"),
+        ("1234567890123456789", "1234567890123456789"),
+        ("1000000000000000000", "1E"),
+        ("9Ei", "9223372036854775807"),
+        ("1Ei", "1Ei"),
+        ("0.1n", "1n"),
+        ("-0.1n", "-1n"),
+        ("1e3", "1e3"),
+        ("1E3", "1e3"),
+        ("1000E", "1e21"),
+        ("1000m", "1"),
+        ("80Gi", "80Gi"),
+        ("81920Mi", "80Gi"),
+        ("1e-3", "1e-3"),
+        ("-5Ki", "-5Ki"),
+    ],
+)
+def test_canonical_string_matches_go(text: str, canonical: str) -> None:
+    assert Quantity.parse(text)._canonical() == canonical
+    # the canonical form re-parses to the same value
+    assert Quantity.parse(canonical) == Quantity.parse(text)
+
+
+@pytest.mark.parametrize("text", ["+1k", "01k", "50.703k", "1E3", "1025Ki"])
+def test_string_keeps_the_input_when_go_reuses_it(text: str) -> None:
+    assert str(Quantity.parse(text)) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "200K", "1e3Mi", "Infinity", "NaN", "1_000", " 5", "5 ", "\u0661\u0662", "1.1.M", "0.1mi", ".5i",
+     "-3.01e-", "10Mo", "10Mm", "1i", "1ee3", "e", "1+1.0M", "aoeu", "1.0 Gi", "1e9223372036854775808"],
+)
+def test_go_rejects_and_so_do_we(text: str) -> None:
+    with pytest.raises(ValueError, match="quantit"):
+        Quantity.parse(text)
+
+
+def test_non_string_input_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="must be a string"):
+        Quantity.parse(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "value"), [("+", 0), ("-", 0), (".", 0), ("Mi", 0), ("k", 0), ("1e4294967296", 1)])
+def test_lenient_inputs_parse_like_go(text: str, value: int) -> None:
+    assert Quantity.parse(text).fraction() == value
+
+
+@pytest.mark.parametrize(
+    ("text", "as_int64"),
+    [
+        ("1000m", None),  # negative scale
+        ("1.0", None),
+        ("1.5Gi", None),  # inf.Dec form
+        ("1536Mi", 1610612736),
+        ("1.5k", 1500),
+        ("1E", 10**18),
+        ("1000000000000000000", None),  # 19 digits: inf.Dec
+        ("50", 50),
+        ("9999999999999999999999999999999999999G", None),
+        ("10E", None),  # 10**19 overflows int64
+    ],
+)
+def test_as_int64_depends_on_go_representation(text: str, as_int64: int | None) -> None:
+    assert Quantity.parse(text).as_int64() == as_int64
+
+
+def test_canonical_roundtrip_changes_representation() -> None:
+    assert Quantity.parse("1000m").as_int64() is None
+    assert canonical_roundtrip("1000m").as_int64() == 1
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "cmp"),
+    [("200M", "0.2G", 0), ("50M", "50Mi", -1), ("50Mi", "50M", 1), ("1Ki", "1024", 0), ("-1", "1n", -1),
+     ("9999999999999999999999999999999999999G", "1E", 1)],
+)
+def test_comparison_is_exact(a: str, b: str, cmp: int) -> None:
+    assert Quantity.parse(a).cmp(Quantity.parse(b)) == cmp
+    assert Quantity.parse(b).cmp(Quantity.parse(a)) == -cmp
+
+
+def test_add_and_sub_follow_go() -> None:
+    q = Quantity.parse("50k").add(Quantity.from_int(20, "DecimalExponent"))
+    assert q.sub(Quantity.parse("100k")).as_int64() == -49980
+    assert Quantity.parse("50k").add(Quantity.parse("20")) == Quantity.parse("50.02k")
+    assert Quantity.parse("50k").sub(Quantity.from_int(20000)) == Quantity.parse("30k")
+
+
+def test_add_overflowing_int64_switches_to_dec_form() -> None:
+    big = Quantity.parse("9E")
+    total = big.add(Quantity.parse("1E"))
+    assert total.fraction() == 10**19
+    assert total.as_int64() is None
+
+
+def test_sub_of_most_negative_from_zero_is_exact() -> None:
+    zero = Quantity.parse("0")
+    most_negative = Quantity(int_amount=(-(1 << 63), 0))
+    assert zero.sub(most_negative).fraction() == 1 << 63
+
+
+@pytest.mark.parametrize(("text", "value"), [("1.5", 2), ("-1.5", -2), ("100m", 1), ("1.1Gi", 1181116007), ("5", 5)])
+def test_value_rounds_up_like_go(text: str, value: int) -> None:
+    assert Quantity.parse(text).value() == value
+
+
+def test_milli_value() -> None:
+    assert Quantity.parse("1.5").milli_value() == 1500
+    assert Quantity.parse("1n").milli_value() == 1
+
+
+@pytest.mark.parametrize(("text", "expected"), [("50.703k", 50703.0), ("1n", 1e-9), ("1.5Gi", 1610612736.0)])
+def test_approximate_float(text: str, expected: float) -> None:
+    assert Quantity.parse(text).as_approximate_float() == expected
+
+
+def test_go_pow10_uses_go_tables_not_python_pow() -> None:
+    # Python's 10.0 ** 23 is off by one ulp; Go's table lookup gives the correctly rounded literal
+    assert 10.0**23 != 1e23
+    assert _go_pow10(23) == 1e23
+    assert _go_pow10(40) == 1e32 * 1e8
+    assert _go_pow10(-23) == 1.0 / 1e23
+    assert _go_pow10(400) == float("inf")
+    assert _go_pow10(-400) == 0.0
+
+
+_SUFFIXES = {
+    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": Fraction(10**3),
+    "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60), "e3": Fraction(1000), "e-2": Fraction(1, 100), "E12": Fraction(10**12),
+}
+
+
+def _reference(sign: str, whole: str, frac: str, suffix: str) -> Fraction:
+    number = Fraction(int(whole + frac or "0"), 10 ** len(frac)) * _SUFFIXES[suffix]
+    # Go rounds anything finer than a nano-unit up, away from zero
+    scaled = number * 10**9
+    if scaled.denominator != 1:
+        number = Fraction(-(-scaled.numerator // scaled.denominator), 10**9)
+    if suffix.endswith("i") and number > INT64_MAX:
+        number = Fraction(INT64_MAX)
+    return -number if sign == "-" else number
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sign=st.sampled_from(["", "+", "-"]),
+    whole=st.text("0123456789", min_size=1, max_size=22),
+    frac=st.text("0123456789", max_size=12),
+    suffix=st.sampled_from(sorted(_SUFFIXES)),
+)
+def test_parse_matches_fraction_reference(sign: str, whole: str, frac: str, suffix: str) -> None:
+    text = f"{sign}{whole}{'.' + frac if frac else ''}{suffix}"
+    q = Quantity.parse(text)
+    assert q.fraction() == _reference(sign, whole, frac, suffix)
+    # the canonical form is a fixed point and keeps the value
+    again = Quantity.parse(q._canonical())
+    assert again == q
+    assert again._canonical() == q._canonical()
