@@ -1,0 +1,378 @@
+"""kubelet's DRA service (v1 and v1beta1): a batch of claims in, one answer per claim out.
+
+This layer decides nothing about GPUs. For each claim kubelet names it GETs the ResourceClaim,
+checks that it is the claim kubelet means (uid) and that it is allocated, and hands it to the
+DeviceState, which does the work. Rules kubelet imposes on the answer:
+
+- every claim of the request gets exactly one entry, keyed by uid; a failure is that claim's
+  `error`, never a gRPC error (which would make kubelet drop the whole batch);
+- the answer must arrive before kubelet's deadline (45 s), so claims are worked on in parallel,
+  and a claim that is not done in time is answered with a retryable error while its work goes on
+  in the background (DeviceState is idempotent, so kubelet's retry finds it done or resumes it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import structlog
+
+from driver import DRIVER_NAME
+from driver.kubeapi import ApiError, KubeAPI
+from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
+from proto.dra.v1 import api_pb2 as v1
+from proto.dra.v1 import api_pb2_grpc as v1_grpc
+from proto.dra.v1beta1 import api_pb2 as v1beta1
+from proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+
+log = structlog.get_logger(__name__)
+
+# Answer this long before kubelet's deadline, so the answer still reaches it.
+DEADLINE_MARGIN_S = 1.0
+# Without a deadline from the caller (tests, grpcurl) a batch still must not hang forever.
+DEFAULT_BUDGET_S = 40.0
+
+T = TypeVar("T")
+
+
+class ClaimPreparer(Protocol):
+    """The two decisions the wire layer delegates (kubeletplugin.state.DeviceState implements them)."""
+
+    def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult: ...
+
+    def unprepare(self, ref: ClaimRef) -> str: ...
+
+
+@dataclass(frozen=True)
+class ClaimFailure(Exception):
+    """A per-claim failure found before DeviceState was asked: the text kubelet shows, and a metric reason."""
+
+    message: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def describe_get_error(ref: ClaimRef, exc: ApiError) -> ClaimFailure:
+    """Turn an apiserver failure on GET claim into the per-claim text kubelet puts in the pod's events."""
+    what = f"cannot read ResourceClaim {ref.namespace}/{ref.name}"
+    if exc.not_found:
+        return ClaimFailure(f"{what}: it does not exist (deleted after scheduling?); kubelet will retry", "not_found")
+    if exc.status == 0:
+        detail = f" ({exc.message})" if exc.message else ""
+        return ClaimFailure(f"{what}: apiserver unreachable{detail}, kubelet will retry", "apiserver")
+    if exc.status in (401, 403):
+        return ClaimFailure(
+            f"{what}: apiserver answered {exc.status} {exc.reason}: the plugin's service account needs "
+            "'get' on resourceclaims.resource.k8s.io",
+            "forbidden",
+        )
+    if exc.retryable:
+        return ClaimFailure(f"{what}: apiserver answered {exc.status} {exc.reason}, kubelet will retry", "apiserver")
+    return ClaimFailure(f"{what}: apiserver answered {exc}", "apiserver")
+
+
+def check_claim(ref: ClaimRef, claim: dict[str, Any]) -> None:
+    """Raise ClaimFailure when the fetched claim is not the allocated claim kubelet asked about."""
+    uid = str(claim.get("metadata", {}).get("uid", ""))
+    if uid != ref.uid:
+        raise ClaimFailure(
+            f"ResourceClaim {ref.namespace}/{ref.name} has uid {uid or '<none>'} but kubelet asked for uid "
+            f"{ref.uid}: the claim was deleted and re-created; nothing was prepared",
+            "claim_replaced",
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimFailure(
+            f"ResourceClaim {ref.namespace}/{ref.name} is not allocated (status.allocation is empty); "
+            "nothing was prepared",
+            "not_allocated",
+        )
+
+
+def base_request_names(names: Sequence[str]) -> list[str]:
+    """Containers reference the main request, so "req/sub" must go back to kubelet as "req" (deduplicated)."""
+    out: list[str] = []
+    for name in names:
+        base = name.split("/", 1)[0]
+        if base not in out:
+            out.append(base)
+    return out
+
+
+class DraService:
+    """Prepares and unprepares batches of claims against one DeviceState, in parallel and within a deadline."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        state: ClaimPreparer,
+        *,
+        metrics: PluginMetrics | None = None,
+        max_parallel: int = 8,
+        deadline_margin: float = DEADLINE_MARGIN_S,
+    ) -> None:
+        self._api = api
+        self._state = state
+        self._metrics = metrics
+        self._margin = deadline_margin
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="claim")
+
+    def close(self) -> None:
+        """Wait for claim work still running (it must not be cut half-way) and release the workers."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- batches -------------------------------------------------------------------------------
+    def prepare_claims(
+        self, refs: Sequence[ClaimRef], time_remaining: Callable[[], float | None]
+    ) -> dict[str, PrepareResult]:
+        abandoned = threading.Event()
+        futures = {ref.uid: self._pool.submit(self._prepare_one, ref, abandoned) for ref in refs}
+        done = self._await(futures, time_remaining, abandoned)
+        results: dict[str, PrepareResult] = {}
+        for ref in refs:
+            if ref.uid in done:
+                results[ref.uid] = done[ref.uid]
+            else:
+                results[ref.uid] = PrepareResult(error=self._late("prepare", ref, futures[ref.uid]))
+        return results
+
+    def unprepare_claims(
+        self, refs: Sequence[ClaimRef], time_remaining: Callable[[], float | None]
+    ) -> dict[str, str]:
+        abandoned = threading.Event()
+        futures = {ref.uid: self._pool.submit(self._unprepare_one, ref, abandoned) for ref in refs}
+        done = self._await(futures, time_remaining, abandoned)
+        return {ref.uid: done[ref.uid] if ref.uid in done else self._late("unprepare", ref, futures[ref.uid])
+                for ref in refs}
+
+    def _await(
+        self,
+        futures: dict[str, Future[T]],
+        time_remaining: Callable[[], float | None],
+        abandoned: threading.Event,
+    ) -> dict[str, T]:
+        remaining = time_remaining()
+        budget = DEFAULT_BUDGET_S if remaining is None else max(0.0, remaining - self._margin)
+        wait_futures(futures.values(), timeout=budget)
+        # Claims still fetching will not start preparing: kubelet has its answer and will ask again.
+        abandoned.set()
+        return {uid: f.result() for uid, f in futures.items() if f.done() and not f.cancelled()}
+
+    def _late(self, operation: str, ref: ClaimRef, future: Future[Any]) -> str:
+        started = future.running()
+        future.cancel()
+        if self._metrics is not None:
+            self._metrics.claim_operations.labels(operation=operation, result="error").inc()
+            self._metrics.claim_errors.labels(operation=operation, reason="deadline").inc()
+        if not started:
+            return (
+                f"{operation} of ResourceClaim {ref.namespace}/{ref.name} did not start before kubelet's "
+                "deadline (the plugin is busy with other claims); kubelet will retry"
+            )
+        return (
+            f"{operation} of ResourceClaim {ref.namespace}/{ref.name} did not finish before kubelet's deadline "
+            "(apiserver or device setup slow); it continues in the background and kubelet will retry"
+        )
+
+    # -- one claim -----------------------------------------------------------------------------
+    def _prepare_one(self, ref: ClaimRef, abandoned: threading.Event) -> PrepareResult:
+        start = time.monotonic()
+        reason = ""
+        try:
+            try:
+                claim = self._api.get_resource_claim(ref.namespace, ref.name)
+            except ApiError as exc:
+                raise describe_get_error(ref, exc) from exc
+            if abandoned.is_set():
+                raise ClaimFailure(
+                    f"cannot read ResourceClaim {ref.namespace}/{ref.name}: apiserver did not answer before "
+                    "kubelet's deadline, kubelet will retry",
+                    "deadline",
+                )
+            check_claim(ref, claim)
+            result = self._state.prepare(ref, claim)
+            if result.error:
+                reason = "prepare"
+                log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=result.error)
+                return PrepareResult(error=result.error)
+            log.info(
+                "claim prepared",
+                claim=f"{ref.namespace}/{ref.name}",
+                uid=ref.uid,
+                devices=[d.device_name for d in result.devices],
+            )
+            return result
+        except ClaimFailure as failure:
+            reason = failure.reason
+            log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=failure.message)
+            return PrepareResult(error=failure.message)
+        except Exception as exc:
+            reason = "internal"
+            log.exception("prepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            return PrepareResult(error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+        finally:
+            if self._metrics is not None and not abandoned.is_set():
+                self._metrics.observe_claim("prepare", time.monotonic() - start, reason)
+
+    def _unprepare_one(self, ref: ClaimRef, abandoned: threading.Event) -> str:
+        start = time.monotonic()
+        reason = ""
+        try:
+            # No GET: the claim may already be gone from the apiserver; DeviceState works from its checkpoint.
+            error = self._state.unprepare(ref)
+            if error:
+                reason = "unprepare"
+                log.warning("claim not unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=error)
+            else:
+                log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            return error
+        except Exception as exc:
+            reason = "internal"
+            log.exception("unprepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            return f"internal error unpreparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+        finally:
+            if self._metrics is not None and not abandoned.is_set():
+                self._metrics.observe_claim("unprepare", time.monotonic() - start, reason)
+
+    # -- gRPC ----------------------------------------------------------------------------------
+    def add_to(self, server: grpc.Server) -> None:
+        """Serve both kubelet API versions from this service."""
+        v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(self, self._metrics), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1Beta1(self, self._metrics), server)
+
+
+def _refs(claims: Sequence[v1.Claim] | Sequence[v1beta1.Claim]) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+def _time_remaining(context: grpc.ServicerContext) -> Callable[[], float | None]:
+    def remaining() -> float | None:
+        value = context.time_remaining()
+        return None if value is None else float(value)
+
+    return remaining
+
+
+def _v1_device(device: PreparedDevice) -> v1.Device:
+    out = v1.Device(
+        request_names=base_request_names(device.request_names),
+        pool_name=device.pool_name,
+        device_name=device.device_name,
+        cdi_device_ids=list(device.cdi_device_ids),
+    )
+    if device.share_id:
+        out.share_id = device.share_id
+    return out
+
+
+def _v1beta1_device(device: PreparedDevice) -> v1beta1.Device:
+    # v1beta1 has no share_id: kubelets that speak only v1beta1 predate consumable capacity.
+    return v1beta1.Device(
+        request_names=base_request_names(device.request_names),
+        pool_name=device.pool_name,
+        device_name=device.device_name,
+        cdi_device_ids=list(device.cdi_device_ids),
+    )
+
+
+class _Timer:
+    def __init__(self, metrics: PluginMetrics | None, method: str, api_version: str) -> None:
+        self._metrics, self._method, self._version = metrics, method, api_version
+        self._start = time.monotonic()
+
+    def done(self) -> None:
+        if self._metrics is not None:
+            self._metrics.rpc_duration.labels(method=self._method, api_version=self._version).observe(
+                time.monotonic() - self._start
+            )
+
+
+class DRAPluginV1(v1_grpc.DRAPluginServicer):
+    """/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/*"""
+
+    def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
+        self._service = service
+        self._metrics = metrics
+
+    def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodePrepareResourcesResponse:
+        timer = _Timer(self._metrics, "NodePrepareResources", "v1")
+        results = self._service.prepare_claims(_refs(request.claims), _time_remaining(context))
+        response = v1.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+            else:
+                entry.devices.extend(_v1_device(d) for d in result.devices)
+        timer.done()
+        return response
+
+    def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodeUnprepareResourcesResponse:
+        timer = _Timer(self._metrics, "NodeUnprepareResources", "v1")
+        errors = self._service.unprepare_claims(_refs(request.claims), _time_remaining(context))
+        response = v1.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        timer.done()
+        return response
+
+
+class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
+    """/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/*"""
+
+    def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
+        self._service = service
+        self._metrics = metrics
+
+    def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        timer = _Timer(self._metrics, "NodePrepareResources", "v1beta1")
+        results = self._service.prepare_claims(_refs(request.claims), _time_remaining(context))
+        response = v1beta1.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+            else:
+                entry.devices.extend(_v1beta1_device(d) for d in result.devices)
+        timer.done()
+        return response
+
+    def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        timer = _Timer(self._metrics, "NodeUnprepareResources", "v1beta1")
+        errors = self._service.unprepare_claims(_refs(request.claims), _time_remaining(context))
+        response = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        timer.done()
+        return response
+
+
+__all__ = [
+    "DRIVER_NAME",
+    "ClaimFailure",
+    "ClaimPreparer",
+    "DRAPluginV1",
+    "DRAPluginV1Beta1",
+    "DraService",
+    "base_request_names",
+    "check_claim",
+    "describe_get_error",
+]

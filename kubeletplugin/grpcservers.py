@@ -1,0 +1,163 @@
+"""gRPC servers on unix sockets where kubelet looks for them: socket paths, permissions, start and stop.
+
+Kubelet finds a DRA driver through a registration socket under `<kubelet-dir>/plugins_registry` and
+then talks to the service socket the driver names in GetInfo. Both are plain unix sockets with no
+authentication: whoever can connect can ask the plugin to hand GPUs to containers. So the socket
+files are 0660 (owner and group may connect, nobody else) and the directories tessera creates are
+0750. Between bind and chmod the socket carries the process umask (0755 with the usual 022), which
+already denies others the write permission that connect() needs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+
+from driver import DRIVER_NAME
+
+log = structlog.get_logger(__name__)
+
+SOCKET_MODE = 0o660
+DIR_MODE = 0o750
+# sun_path is 108 bytes including the terminating NUL.
+UNIX_PATH_MAX = 107
+
+ServicerRegistrar = Callable[[grpc.Server], None]
+
+
+class SocketError(Exception):
+    """A socket path that cannot be served: too long, not absolute, occupied by a non-socket, or bind failed."""
+
+
+@dataclass(frozen=True)
+class SocketPaths:
+    """Where kubelet expects a DRA driver's sockets under a kubelet root directory."""
+
+    kubelet_dir: Path
+    driver_name: str = DRIVER_NAME
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver_name}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    def validate(self) -> None:
+        """Raise SocketError when kubelet could not use these paths."""
+        if not self.kubelet_dir.is_absolute():
+            # kubelet resolves the GetInfo endpoint in its own working directory; only absolute paths are safe.
+            raise SocketError(f"--kubelet-dir must be an absolute path, got {str(self.kubelet_dir)!r}")
+        for path in (self.registration_socket, self.dra_socket):
+            if len(os.fsencode(path)) > UNIX_PATH_MAX:
+                raise SocketError(
+                    f"socket path {path} is {len(os.fsencode(path))} bytes, over the {UNIX_PATH_MAX}-byte "
+                    "limit of unix sockets: use a shorter --kubelet-dir"
+                )
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Create the socket's directory (0750 where tessera creates it) and remove a stale socket left by a previous run.
+
+    Anything at the path that is not a socket is left alone and reported: it is not ours to delete.
+    """
+    try:
+        _make_dirs(path.parent)
+    except OSError as exc:
+        raise SocketError(f"cannot create socket directory {path.parent}: {exc.strerror or exc}") from exc
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SocketError(f"{path} exists and is not a unix socket; remove it by hand if it is not needed")
+    log.info("removing stale socket", path=str(path))
+    path.unlink(missing_ok=True)
+
+
+def _make_dirs(directory: Path) -> None:
+    missing: list[Path] = []
+    cur = directory
+    while not cur.exists():
+        missing.append(cur)
+        cur = cur.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    # Only directories created here get tessera's mode; existing ones (kubelet's plugins_registry) keep theirs.
+    for created in missing:
+        os.chmod(created, DIR_MODE)
+
+
+class UnixSocketServer:
+    """One grpc.server with a thread pool, serving the given servicers on one unix socket."""
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        registrars: Sequence[ServicerRegistrar],
+        *,
+        max_workers: int = 8,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self._registrars = tuple(registrars)
+        self._max_workers = max_workers
+        self._server: grpc.Server | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return self._server is not None
+
+    def start(self) -> None:
+        """Bind and start serving; returns once the socket accepts connections."""
+        with self._lock:
+            if self._server is not None:
+                return
+            prepare_socket_path(self.path)
+            server = grpc.server(
+                ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"grpc-{self.name}"),
+            )
+            for register in self._registrars:
+                register(server)
+            try:
+                server.add_insecure_port(f"unix:{self.path}")
+            except RuntimeError as exc:
+                raise SocketError(f"cannot listen on {self.path}: {exc}") from exc
+            server.start()
+            os.chmod(self.path, SOCKET_MODE)
+            self._server = server
+        log.info("grpc server listening", server=self.name, socket=str(self.path))
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop accepting calls, give running ones `grace` seconds, and remove the socket file."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is None:
+            return
+        server.stop(grace).wait()
+        # grpc unlinks the socket on shutdown; make sure, so kubelet sees the plugin go away.
+        try:
+            if stat.S_ISSOCK(self.path.lstat().st_mode):
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        log.info("grpc server stopped", server=self.name, socket=str(self.path))
