@@ -1,14 +1,105 @@
-"""`tessera inventory` (being written)."""
+"""`tessera inventory`: this node's GPUs and the exact ResourceSlices tessera would publish for them."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import socket
+import sys
+from typing import Any, TextIO
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--simulate", metavar="PROFILE",
+                        help="built-in profile name or path to a profile YAML (default: dgx-h100-8)")
+    source.add_argument("--nvml", action="store_true", help="discover the GPUs of this machine through NVML")
+    parser.add_argument("--node", metavar="NAME", default=None,
+                        help="node (and pool) name to publish under (default: this host's name, lower case)")
+    parser.add_argument("--mig-strategy", choices=["none", "static", "dynamic"], default="static",
+                        help="how MIG is published (default: static)")
+    parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                        help="table: devices at a glance; json: a v1 List of the slices; yaml: one document per slice")
+
+
+def default_node_name() -> str:
+    """The node name kubelet would pick by default: the host name in lower case."""
+    return socket.gethostname().lower()
+
+
+def named_slices(slices: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+    """The slices with the names the publisher gives them, ready for `kubectl apply -f`."""
+    from driver.names import slice_name
+
+    named = []
+    for index, original in enumerate(slices):
+        obj = dict(original)
+        obj["metadata"] = {"name": slice_name(node, index), **obj.get("metadata", {})}
+        named.append(obj)
+    return named
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _mig_state(gpu: Any) -> str:
+    if not gpu.mig_capable:
+        return "-"
+    state = "enabled" if gpu.mig_enabled else "disabled"
+    if gpu.mig_pending != gpu.mig_enabled:
+        state += " (pending " + ("enable" if gpu.mig_pending else "disable") + ")"
+    return state
+
+
+def render_table(inventory: Any, slices: list[dict[str, Any]], out: TextIO) -> None:
+    """A human view: one row per GPU with the devices published for it, then the slices."""
+    devices_by_gpu: dict[int, list[str]] = {}
+    device_total = 0
+    counter_sets = 0
+    for obj in slices:
+        counter_sets += len(obj["spec"].get("sharedCounters") or [])
+        for device in obj["spec"].get("devices") or []:
+            device_total += 1
+            index = int(device["name"].split("-")[1])
+            devices_by_gpu.setdefault(index, []).append(device["name"])
+
+    out.write(f"node {inventory.node_name}  source {inventory.source}  driver {inventory.driver_version}  "
+              f"CUDA {inventory.cuda_driver_version}\n\n")
+    header = ("GPU", "PRODUCT", "MEMORY", "NVLINK ISLAND", "MIG", "DEVICES")
+    rows = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        names = devices_by_gpu.get(gpu.index, [])
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+        rows.append((str(gpu.index), gpu.product_name, _gib(gpu.memory_bytes), gpu.nvlink_island,
+                     _mig_state(gpu), shown or "(not published)"))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    out.write(f"\n{len(slices)} ResourceSlice(s), {device_total} device(s), {counter_sets} counter set(s) in pool "
+              f"{inventory.node_name}; -o yaml prints them\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    raise SystemExit("tessera inventory: not available in this build yet")
+    from driver.discovery import DiscoveryError, load_inventory
+    from driver.slices import SliceBuildError, build_slices
+
+    node = args.node or default_node_name()
+    try:
+        inventory = load_inventory(node, simulate=args.simulate, nvml=args.nvml)
+        slices = named_slices(build_slices(inventory, mig_strategy=args.mig_strategy), node)
+    except (DiscoveryError, SliceBuildError) as exc:
+        sys.stderr.write(f"tessera inventory: {exc}\n")
+        return 1
+
+    if args.output == "json":
+        document = {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": slices}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    elif args.output == "yaml":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(slices, sort_keys=False, explicit_start=True))
+    else:
+        render_table(inventory, slices, sys.stdout)
+    return 0
