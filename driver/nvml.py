@@ -197,6 +197,13 @@ class _NvmlReader:
         # Queries a GPU or driver may simply not offer: they get a default instead of failing the GPU.
         self.unsupported: tuple[type[BaseException], ...] = (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound)
 
+    def _query(self, name: str, *args: Any) -> Any:
+        """Call an NVML function that an older pynvml may not define; a missing one counts as FunctionNotFound."""
+        function = getattr(self.nv, name, None)
+        if function is None:
+            raise self.nv.NVMLError_FunctionNotFound()
+        return function(*args)
+
     def inventory(self, node_name: str) -> Inventory:
         nv = self.nv
         driver_version = _text(nv.nvmlSystemGetDriverVersion())
@@ -228,7 +235,7 @@ class _NvmlReader:
     def _cuda_driver_version(self) -> str:
         nv = self.nv
         try:
-            version = nv.nvmlSystemGetCudaDriverVersion_v2()
+            version = self._query("nvmlSystemGetCudaDriverVersion_v2")
         except self.unsupported:
             version = nv.nvmlSystemGetCudaDriverVersion()
         return cuda_version_text(int(version))
@@ -272,14 +279,14 @@ class _NvmlReader:
 
     def _architecture(self, handle: Any, major: int, minor: int) -> str:
         try:
-            code = int(self.nv.nvmlDeviceGetArchitecture(handle))
+            code = int(self._query("nvmlDeviceGetArchitecture", handle))
         except self.unsupported:
             return architecture_for_capability(major, minor)
         return ARCHITECTURE_NAMES.get(code) or architecture_for_capability(major, minor)
 
     def _multiprocessors(self, handle: Any, index: int) -> int:
         try:
-            return int(self.nv.nvmlDeviceGetAttributes(handle).multiprocessorCount)
+            return int(self._query("nvmlDeviceGetAttributes", handle).multiprocessorCount)
         except self.unsupported as exc:
             # Only GPUs older than Volta lack this; publishing 0 keeps the GPU usable as a whole card.
             log.warning("NVML does not report the SM count; publishing 0", index=index, error=_error_text(exc))
@@ -298,7 +305,7 @@ class _NvmlReader:
     def _mig_mode(self, handle: Any) -> tuple[bool, bool, bool]:
         """(capable, current mode enabled, pending mode enabled); NotSupported means not MIG capable."""
         try:
-            current, pending = self.nv.nvmlDeviceGetMigMode(handle)
+            current, pending = self._query("nvmlDeviceGetMigMode", handle)
         except self.unsupported:
             return False, False, False
         return True, int(current) == _MIG_ENABLE, int(pending) == _MIG_ENABLE
@@ -306,7 +313,7 @@ class _NvmlReader:
     def _mig_instances(self, handle: Any, index: int) -> tuple[MigInstance, ...]:
         nv = self.nv
         try:
-            slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+            slots = int(self._query("nvmlDeviceGetMaxMigDeviceCount", handle))
         except self.unsupported:
             return ()
         profile_names = self._gpu_instance_profile_names(handle)
@@ -316,6 +323,9 @@ class _NvmlReader:
                 mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except nv.NVMLError_NotFound:
                 continue  # an empty slot: fewer instances exist than the GPU could hold
+            except nv.NVMLError as exc:
+                log.warning("cannot open a MIG device slot", index=index, slot=slot, error=_error_text(exc))
+                continue
             try:
                 instances.append(self._mig_instance(handle, mig_handle, profile_names))
             except nv.NVMLError as exc:
@@ -367,6 +377,9 @@ class _NvmlReader:
                 active = int(nv.nvmlDeviceGetNvLinkState(handle, link))
             except (*self.unsupported, nv.NVMLError_InvalidArgument):
                 continue  # no such link on this GPU
+            except nv.NVMLError as exc:
+                log.warning("cannot read an NVLink's state", index=index, link=link, error=_error_text(exc))
+                continue
             if not active:
                 continue
             try:

@@ -214,6 +214,33 @@ def test_cuda_version_falls_back_to_the_v1_query(tmp_path):
     assert discover(node, tmp_path).cuda_driver_version == "12.2"
 
 
+def test_functions_missing_from_an_older_pynvml_count_as_unsupported(tmp_path):
+    node = a100_mig_node(cuda_version=11080)
+    older = node.nvml
+    for name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetArchitecture", "nvmlDeviceGetMigMode"):
+        older = without(older, name)
+    inventory = discover(node, tmp_path, older)
+    assert inventory.cuda_driver_version == "11.8"
+    assert {g.architecture for g in inventory.gpus} == {"Ampere"}
+    assert {(g.mig_capable, g.mig_enabled) for g in inventory.gpus} == {(False, False)}
+
+
+def test_failing_nvlink_state_query_costs_only_that_link(tmp_path):
+    node = dgx_h100_node()
+    node.nvml.gpus[0].failures["nvmlDeviceGetNvLinkState"] = pynvml.NVMLError_Unknown
+    inventory = discover(node, tmp_path)
+    assert len(inventory.gpus) == 8
+    assert islands(inventory) == [{0}, set(range(1, 8))]
+
+
+def test_unopenable_mig_slots_are_skipped_but_the_gpu_is_kept(tmp_path):
+    node = a100_mig_node()
+    node.nvml.gpus[0].failures["nvmlDeviceGetMigDeviceHandleByIndex"] = pynvml.NVMLError_NoPermission
+    gpu = discover(node, tmp_path).gpus[0]
+    assert gpu.mig_enabled
+    assert gpu.mig_instances == ()
+
+
 def test_missing_nvml_library_is_a_discovery_error(tmp_path):
     node = dgx_h100_node(failures={"nvmlInit": pynvml.NVMLError_LibraryNotFound})
     with pytest.raises(DiscoveryError) as info:
