@@ -81,8 +81,14 @@ def describe_get_error(ref: ClaimRef, exc: ApiError) -> ClaimFailure:
     return ClaimFailure(f"{what}: apiserver answered {exc}", "apiserver")
 
 
-def check_claim(ref: ClaimRef, claim: dict[str, Any]) -> None:
-    """Raise ClaimFailure when the fetched claim is not the allocated claim kubelet asked about."""
+def check_claim(
+    ref: ClaimRef, claim: dict[str, Any], *, driver_name: str = DRIVER_NAME, pool: str | None = None
+) -> None:
+    """Raise ClaimFailure when the fetched claim is not the allocated claim kubelet asked about.
+
+    An allocation without a single device of this driver (in this node's pool, when `pool` is given)
+    is refused too: answering "no devices" would start the pod without the GPUs it asked for.
+    """
     uid = str(claim.get("metadata", {}).get("uid", ""))
     if uid != ref.uid:
         raise ClaimFailure(
@@ -96,6 +102,23 @@ def check_claim(ref: ClaimRef, claim: dict[str, Any]) -> None:
             f"ResourceClaim {ref.namespace}/{ref.name} is not allocated (status.allocation is empty); "
             "nothing was prepared",
             "not_allocated",
+        )
+    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if isinstance(r, dict)]
+    mine = [r for r in results if r.get("driver") == driver_name]
+    if not mine:
+        others = sorted({str(r.get("driver")) for r in results}) or ["no driver at all"]
+        raise ClaimFailure(
+            f"ResourceClaim {ref.namespace}/{ref.name} has no device allocated by {driver_name} (its devices "
+            f"come from: {', '.join(others)}); nothing was prepared",
+            "not_this_driver",
+        )
+    if pool is not None and not any(r.get("pool") == pool for r in mine):
+        pools = sorted({str(r.get("pool")) for r in mine})
+        raise ClaimFailure(
+            f"ResourceClaim {ref.namespace}/{ref.name} has {driver_name} devices only in pool(s) "
+            f"{', '.join(pools)}, none on this node (pool {pool}); the pod was placed on the wrong node, "
+            "delete it so it is scheduled again",
+            "not_this_node",
         )
 
 
@@ -118,25 +141,29 @@ class DraService:
         state: ClaimPreparer,
         *,
         metrics: PluginMetrics | None = None,
+        driver_name: str = DRIVER_NAME,
+        pool: str | None = None,
         max_parallel: int = 8,
         deadline_margin: float = DEADLINE_MARGIN_S,
     ) -> None:
         self._api = api
+        self._driver = driver_name
+        self._pool_name = pool
         self._state = state
         self._metrics = metrics
         self._margin = deadline_margin
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="claim")
+        self._workers = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="claim")
 
     def close(self) -> None:
         """Wait for claim work still running (it must not be cut half-way) and release the workers."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown(wait=True, cancel_futures=True)
 
     # -- batches -------------------------------------------------------------------------------
     def prepare_claims(
         self, refs: Sequence[ClaimRef], time_remaining: Callable[[], float | None]
     ) -> dict[str, PrepareResult]:
         abandoned = threading.Event()
-        futures = {ref.uid: self._pool.submit(self._prepare_one, ref, abandoned) for ref in refs}
+        futures = {ref.uid: self._workers.submit(self._prepare_one, ref, abandoned) for ref in refs}
         done = self._await(futures, time_remaining, abandoned)
         results: dict[str, PrepareResult] = {}
         for ref in refs:
@@ -150,7 +177,7 @@ class DraService:
         self, refs: Sequence[ClaimRef], time_remaining: Callable[[], float | None]
     ) -> dict[str, str]:
         abandoned = threading.Event()
-        futures = {ref.uid: self._pool.submit(self._unprepare_one, ref, abandoned) for ref in refs}
+        futures = {ref.uid: self._workers.submit(self._unprepare_one, ref, abandoned) for ref in refs}
         done = self._await(futures, time_remaining, abandoned)
         return {ref.uid: done[ref.uid] if ref.uid in done else self._late("unprepare", ref, futures[ref.uid])
                 for ref in refs}
@@ -199,7 +226,7 @@ class DraService:
                     "kubelet's deadline, kubelet will retry",
                     "deadline",
                 )
-            check_claim(ref, claim)
+            check_claim(ref, claim, driver_name=self._driver, pool=self._pool_name)
             result = self._state.prepare(ref, claim)
             if result.error:
                 reason = "prepare"
@@ -363,16 +390,3 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
             response.claims[uid].error = error
         timer.done()
         return response
-
-
-__all__ = [
-    "DRIVER_NAME",
-    "ClaimFailure",
-    "ClaimPreparer",
-    "DRAPluginV1",
-    "DRAPluginV1Beta1",
-    "DraService",
-    "base_request_names",
-    "check_claim",
-    "describe_get_error",
-]

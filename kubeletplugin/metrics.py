@@ -7,12 +7,15 @@ process never share counters and nothing else in the process leaks into tessera'
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 log = structlog.get_logger(__name__)
 
@@ -23,6 +26,23 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 PUBLISHER_STATES = ("starting", "synced", "retrying", "stopped")
 
 HealthCheck = Callable[[], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class PublisherStatus:
+    """What the metrics need to know about the ResourceSlice publisher."""
+
+    state: str  # one of PUBLISHER_STATES
+    syncs: int  # successful syncs so far
+    errors: int  # failed syncs so far
+    last_sync_time: float | None  # unix seconds of the last successful sync
+
+    def __post_init__(self) -> None:
+        if self.state not in PUBLISHER_STATES:
+            raise ValueError(f"publisher state must be one of {PUBLISHER_STATES}, got {self.state!r}")
+
+
+PublisherStatusFn = Callable[[], PublisherStatus]
 
 
 class PluginMetrics:
@@ -62,18 +82,6 @@ class PluginMetrics:
             "Devices currently prepared for claims on this node.",
             registry=r,
         )
-        self.publisher_state = Gauge(
-            "tessera_plugin_publisher_state",
-            "ResourceSlice publisher state: 1 for the current state, 0 for the others.",
-            ["state"],
-            registry=r,
-        )
-        self.publisher_syncs = Counter(
-            "tessera_plugin_publisher_syncs",
-            "ResourceSlice publisher sync attempts observed, by result (success|error).",
-            ["result"],
-            registry=r,
-        )
         self.registered = Gauge(
             "tessera_plugin_kubelet_registered",
             "1 when kubelet's last NotifyRegistrationStatus accepted the plugin, else 0.",
@@ -84,13 +92,15 @@ class PluginMetrics:
             "Devices currently reported to kubelet as not healthy.",
             registry=r,
         )
-        self.set_publisher_state("starting")
+        self._publisher: PublisherStatusFn | None = None
+        r.register(_PublisherCollector(self))
 
-    def set_publisher_state(self, state: str) -> None:
-        if state not in PUBLISHER_STATES:
-            raise ValueError(f"publisher state must be one of {PUBLISHER_STATES}, got {state!r}")
-        for s in PUBLISHER_STATES:
-            self.publisher_state.labels(state=s).set(1 if s == state else 0)
+    def watch_publisher(self, status: PublisherStatusFn) -> None:
+        """Report the ResourceSlice publisher through `status()`, read at every scrape."""
+        self._publisher = status
+
+    def publisher_status(self) -> PublisherStatus | None:
+        return None if self._publisher is None else self._publisher()
 
     def observe_claim(self, operation: str, seconds: float, error_reason: str = "") -> None:
         """Record one claim's outcome; `error_reason` empty means success."""
@@ -101,6 +111,38 @@ class PluginMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PublisherCollector(Collector):
+    """Reads the publisher's own counters at scrape time, so they can never drift from it."""
+
+    def __init__(self, metrics: PluginMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._metrics.publisher_status()
+        if status is None:
+            return
+        state = GaugeMetricFamily(
+            "tessera_plugin_publisher_state",
+            "ResourceSlice publisher state: 1 for the current one (starting|synced|retrying|stopped).",
+            labels=["state"],
+        )
+        for name in PUBLISHER_STATES:
+            state.add_metric([name], 1.0 if name == status.state else 0.0)
+        yield state
+        syncs = CounterMetricFamily(
+            "tessera_plugin_publisher_syncs", "ResourceSlice sync attempts, by result.", labels=["result"]
+        )
+        syncs.add_metric(["success"], float(status.syncs))
+        syncs.add_metric(["error"], float(status.errors))
+        yield syncs
+        if status.last_sync_time is not None:
+            yield GaugeMetricFamily(
+                "tessera_plugin_publisher_last_sync_timestamp_seconds",
+                "When the ResourceSlices were last confirmed in sync with the apiserver.",
+                value=status.last_sync_time,
+            )
 
 
 def parse_listen_address(addr: str) -> tuple[str, int]:

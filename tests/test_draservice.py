@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,7 +127,7 @@ def rig() -> Iterator[Rig]:
         state = ScriptedState()
         metrics = PluginMetrics()
         paths = SocketPaths(kubelet_dir)
-        service, server = start_dra(api, state, paths, metrics, deadline_margin=0.5)
+        service, server = start_dra(api, state, paths, metrics, deadline_margin=0.5, pool=NODE)
         conn = PluginConnection(str(paths.dra_socket), "v1.DRAPlugin", DRIVER, ())
         try:
             yield Rig(api, state, metrics, conn, paths)
@@ -224,6 +225,38 @@ def test_unallocated_claim_is_refused(rig: Rig) -> None:
     answer = rig.conn.prepare([ref_of(claim)])
     assert "is not allocated (status.allocation is empty)" in answer["uid-c1"].error
     assert rig.state.prepare_calls == []
+
+
+def test_claim_with_only_another_drivers_devices_is_refused(rig: Rig) -> None:
+    claim = rig.api.add_claim(
+        make_claim("nic", [{"request": "nic", "driver": "net.example.com", "pool": NODE, "device": "eth1"}])
+    )
+    error = rig.conn.prepare([ref_of(claim)])["uid-nic"].error
+    assert "has no device allocated by gpu.tessera.dev (its devices come from: net.example.com)" in error
+    assert rig.state.prepare_calls == []
+
+
+def test_claim_allocated_on_another_node_is_refused(rig: Rig) -> None:
+    claim = rig.api.add_claim(
+        make_claim("elsewhere", [{"request": "gpu", "driver": DRIVER, "pool": "node-b", "device": "gpu-0"}])
+    )
+    error = rig.conn.prepare([ref_of(claim)])["uid-elsewhere"].error
+    assert "only in pool(s) node-b, none on this node (pool node-a)" in error
+    assert rig.state.prepare_calls == []
+
+
+def test_mixed_driver_claim_is_prepared_for_this_driver(rig: Rig) -> None:
+    claim = rig.api.add_claim(
+        make_claim(
+            "mixed",
+            [
+                {"request": "nic", "driver": "net.example.com", "pool": NODE, "device": "eth1"},
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-3"},
+            ],
+        )
+    )
+    assert rig.conn.prepare([ref_of(claim)])["uid-mixed"].error == ""
+    assert rig.state.prepare_calls == ["uid-mixed"]
 
 
 def test_apiserver_down_is_a_retryable_per_claim_error(rig: Rig) -> None:
@@ -368,3 +401,135 @@ def test_outcomes_are_counted_per_operation_and_reason(rig: Rig) -> None:
     assert counter(m, "tessera_plugin_claim_operation_duration_seconds_count", operation="prepare") == 2
     rpc = "tessera_plugin_grpc_request_duration_seconds_count"
     assert counter(m, rpc, method="NodePrepareResources", api_version="v1") == 1
+
+
+# -- against the real DeviceState -----------------------------------------------------------------
+# A simulated "mixed" node: gpu-0 H100, gpu-1 H100 in MIG mode with static instances, gpu-2/gpu-3 L4.
+
+SHARE_A = "3f2c8a9e-5d41-4b7a-9e2f-6c0d1a2b3c4d"
+SHARE_B = "9b1d4e77-0c2a-4f3e-8d6b-5a4c3b2a1f0e"
+
+
+def uid(n: int) -> str:
+    return f"7c1d0c4e-2f7e-4a55-9c8e-{n:012d}"
+
+
+@dataclass
+class RealRig:
+    api: FakeKubeAPI
+    state: Any
+    conn: PluginConnection
+    cdi_dir: Path
+    state_dir: Path
+
+
+@pytest.fixture
+def real() -> Iterator[RealRig]:
+    from driver.discovery import load_inventory
+    from kubeletplugin.plugin import PluginConfig, build_device_state
+
+    with short_tmpdir() as root:
+        config = PluginConfig(
+            node_name=NODE, kubelet_dir=root / "k", cdi_dir=root / "cdi", state_dir=root / "state", simulate="mixed"
+        )
+        state = build_device_state(config, load_inventory(NODE, simulate="mixed"))
+        api = FakeKubeAPI()
+        service, server = start_dra(api, state, config.socket_paths, PluginMetrics(), pool=NODE)
+        conn = PluginConnection(str(config.socket_paths.dra_socket), "v1.DRAPlugin", DRIVER, ())
+        try:
+            yield RealRig(api, state, conn, config.cdi_dir, config.state_dir)
+        finally:
+            conn.close()
+            server.stop(0)
+            service.close()
+
+
+def result(device: str, request: str = "gpu", share: str = "", memory: str = "") -> dict[str, Any]:
+    r: dict[str, Any] = {"request": request, "driver": DRIVER, "pool": NODE, "device": device}
+    if share:
+        r["shareID"] = share
+        r["consumedCapacity"] = {"memory": memory, "multiprocessors": "8"}
+    return r
+
+
+def spec_files(cdi_dir: Path) -> list[str]:
+    return sorted(p.name for p in cdi_dir.glob("*.json")) if cdi_dir.exists() else []
+
+
+def test_whole_gpu_claim_gets_its_cdi_device(real: RealRig) -> None:
+    claim = real.api.add_claim(make_claim("whole", [result("gpu-0")], uid=uid(1)))
+    entry = real.conn.prepare([ref_of(claim)])[uid(1)]
+    assert entry.error == ""
+    assert entry.devices == [
+        {
+            "request_names": ["gpu"],
+            "pool_name": NODE,
+            "device_name": "gpu-0",
+            "cdi_device_ids": [f"gpu.tessera.dev/claim={uid(1)}-gpu-0"],
+            "share_id": None,
+        }
+    ]
+    assert spec_files(real.cdi_dir) == [f"gpu.tessera.dev-claim_{uid(1)}.json"]
+
+
+def test_static_mig_device_is_prepared(real: RealRig) -> None:
+    claim = real.api.add_claim(make_claim("mig", [result("gpu-1-mig-1g10gb-6", request="slice")], uid=uid(2)))
+    entry = real.conn.prepare([ref_of(claim)])[uid(2)]
+    assert entry.error == ""
+    assert [(d["device_name"], d["request_names"]) for d in entry.devices] == [("gpu-1-mig-1g10gb-6", ["slice"])]
+    assert entry.devices[0]["cdi_device_ids"] == [f"gpu.tessera.dev/claim={uid(2)}-gpu-1-mig-1g10gb-6"]
+
+
+def test_memory_share_returns_its_share_id(real: RealRig) -> None:
+    claim = real.api.add_claim(make_claim("share", [result("gpu-2", share=SHARE_A, memory="4Gi")], uid=uid(3)))
+    v1_entry = real.conn.prepare([ref_of(claim)])[uid(3)]
+    beta_entry = real.conn.prepare([ref_of(claim)], version="v1beta1.DRAPlugin")[uid(3)]
+    assert v1_entry.error == "" and v1_entry.devices[0]["share_id"] == SHARE_A
+    assert "share_id" not in beta_entry.devices[0]
+    assert beta_entry.devices[0]["cdi_device_ids"] == v1_entry.devices[0]["cdi_device_ids"]
+
+
+def test_multi_card_share_prepares_every_card_with_its_share(real: RealRig) -> None:
+    claim = real.api.add_claim(
+        make_claim(
+            "spread",
+            [result("gpu-2", share=SHARE_A, memory="4Gi"), result("gpu-3", share=SHARE_B, memory="4Gi")],
+            uid=uid(4),
+        )
+    )
+    entry = real.conn.prepare([ref_of(claim)])[uid(4)]
+    assert entry.error == ""
+    assert [(d["device_name"], d["share_id"]) for d in entry.devices] == [("gpu-2", SHARE_A), ("gpu-3", SHARE_B)]
+    assert spec_files(real.cdi_dir) == [f"gpu.tessera.dev-claim_{uid(4)}.json"]
+
+
+def test_two_shares_of_one_card_from_different_claims_coexist(real: RealRig) -> None:
+    a = real.api.add_claim(make_claim("a", [result("gpu-2", share=SHARE_A, memory="4Gi")], uid=uid(5)))
+    b = real.api.add_claim(make_claim("b", [result("gpu-2", share=SHARE_B, memory="8Gi")], uid=uid(6)))
+    answer = real.conn.prepare([ref_of(a), ref_of(b)])
+    assert answer[uid(5)].error == "" and answer[uid(6)].error == ""
+
+
+def test_exclusive_gpu_already_prepared_for_another_claim_is_a_claim_error(real: RealRig) -> None:
+    first = real.api.add_claim(make_claim("first", [result("gpu-0")], uid=uid(7)))
+    second = real.api.add_claim(make_claim("second", [result("gpu-0")], uid=uid(8)))
+    assert real.conn.prepare([ref_of(first)])[uid(7)].error == ""
+    error = real.conn.prepare([ref_of(second)])[uid(8)].error
+    assert "gpu-0 is already prepared for claim default/first" in error
+
+
+def test_repeated_prepare_and_unprepare_are_idempotent(real: RealRig) -> None:
+    claim = real.api.add_claim(make_claim("again", [result("gpu-3", share=SHARE_A, memory="2Gi")], uid=uid(9)))
+    first = real.conn.prepare([ref_of(claim)])
+    assert real.conn.prepare([ref_of(claim)]) == first
+    assert real.conn.prepare([ref_of(claim)], version="v1beta1.DRAPlugin")[uid(9)].error == ""
+    assert real.conn.unprepare([ref_of(claim)]) == {uid(9): ""}
+    assert spec_files(real.cdi_dir) == []
+    assert real.conn.unprepare([ref_of(claim)]) == {uid(9): ""}
+
+
+def test_device_not_on_this_node_is_a_claim_error(real: RealRig) -> None:
+    claim = real.api.add_claim(make_claim("ghost", [result("gpu-9")], uid=uid(10)))
+    error = real.conn.prepare([ref_of(claim)])[uid(10)].error
+    assert "gpu-9" in error and "not on node node-a" in error
+    assert spec_files(real.cdi_dir) == []

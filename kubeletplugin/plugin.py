@@ -1,0 +1,326 @@
+"""The node agent's wiring: inventory -> slices -> publisher, DeviceState, gRPC servers, health, metrics.
+
+Start order matters to kubelet:
+1. publish the node's ResourceSlices (in the background; apiserver trouble is retried, never fatal);
+2. DeviceState.recover(): bring the node in line with the checkpoint before any call can arrive;
+3. the DRA socket (v1, v1beta1, health) serves;
+4. only then the registration socket appears: kubelet dials the endpoint right after GetInfo;
+5. the metrics endpoint.
+Stop order is the reverse where it counts: the registration socket goes first so kubelet stops routing
+calls here, then the health streams end, then the DRA server drains its calls within a grace period.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import structlog
+
+from driver import DRIVER_NAME
+from driver.kubeapi import KubeAPI
+from driver.model import Inventory
+from kubeletplugin.draservice import DraService
+from kubeletplugin.grpcservers import SocketPaths, UnixSocketServer
+from kubeletplugin.health import (
+    DRAResourceHealthServicer,
+    FileHealthSource,
+    Health,
+    HealthBoard,
+    device_names_from_slices,
+)
+from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
+from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
+
+if TYPE_CHECKING:
+    from kubeletplugin.publisher import Publisher
+    from kubeletplugin.state import DeviceState
+
+log = structlog.get_logger(__name__)
+
+MIG_STRATEGIES = ("none", "static", "dynamic")
+SIMULATED_HEALTH_FILE = "simulated-health.json"
+
+
+class PluginConfigError(ValueError):
+    """A command-line setting that cannot work; the message names the flag and the fix."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything `tessera kubelet-plugin` takes from its flags."""
+
+    node_name: str
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    state_dir: Path = Path("/var/lib/tessera")
+    cdi_driver_root: Path | None = None
+    simulate: str | None = None
+    nvml: bool = False
+    mig_strategy: str = "static"
+    metrics_addr: str = ":9400"
+    cleanup_on_exit: bool = False
+    kubeconfig: str | None = None
+    stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
+    socket_paths: SocketPaths = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir))
+        if not self.node_name:
+            raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")
+        if self.simulate and self.nvml:
+            raise PluginConfigError("--simulate and --nvml exclude each other: pick one discovery backend")
+        if self.mig_strategy not in MIG_STRATEGIES:
+            raise PluginConfigError(
+                f"--mig-strategy must be one of {', '.join(MIG_STRATEGIES)}, got {self.mig_strategy!r}"
+            )
+        try:
+            parse_listen_address(self.metrics_addr)
+        except ValueError as exc:
+            raise PluginConfigError(str(exc)) from exc
+        for flag, path in (("--cdi-dir", self.cdi_dir), ("--state-dir", self.state_dir)):
+            if not path.is_absolute():
+                raise PluginConfigError(f"{flag} must be an absolute path, got {str(path)!r}")
+        try:
+            self.socket_paths.validate()
+        except ValueError as exc:
+            raise PluginConfigError(str(exc)) from exc
+
+    @property
+    def simulated(self) -> bool:
+        return not self.nvml
+
+
+class KubeletPlugin:
+    """One running node agent. `start()` brings it up in kubelet's order, `stop()` takes it down."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        api: KubeAPI,
+        inventory: Inventory,
+        state: DeviceState,
+        *,
+        metrics: PluginMetrics | None = None,
+        publisher: Publisher | None = None,
+        health_resend_interval: float = 10.0,
+    ) -> None:
+        from driver.slices import build_slices
+        from kubeletplugin.publisher import Publisher
+
+        self.config = config
+        self.inventory = inventory
+        self.state = state
+        self.metrics = metrics or PluginMetrics()
+        self.slices = build_slices(inventory, mig_strategy=config.mig_strategy)
+        self.publisher = publisher or Publisher(api, config.node_name, self.slices)
+        paths = config.socket_paths
+        self.health = HealthBoard(config.node_name, device_names_from_slices(self.slices))
+        self.health_source: FileHealthSource | None = (
+            FileHealthSource(config.state_dir / SIMULATED_HEALTH_FILE, self.health) if config.simulated else None
+        )
+        self.service = DraService(api, state, metrics=self.metrics, pool=config.node_name)
+        health_servicer = DRAResourceHealthServicer(self.health, resend_interval=health_resend_interval)
+        self.registration = RegistrationServicer(paths.dra_socket, on_status=self._on_registration)
+        # Workers: one per parallel kubelet call (kubelet prepares pods concurrently) plus the health streams.
+        self.dra_server = UnixSocketServer(
+            "dra", paths.dra_socket, [self.service.add_to, health_servicer.add_to], max_workers=16
+        )
+        self.registration_server = UnixSocketServer(
+            "registration", paths.registration_socket, [self.registration.add_to], max_workers=2
+        )
+        self.metrics_server = MetricsServer(config.metrics_addr, self.metrics, self.healthz)
+        self._publisher_started = False
+        self._stopped = False
+        self._status_lock = threading.Lock()
+        self._publisher_state = "starting"
+        self._seen_syncs = 0
+        self._seen_errors = 0
+        self.metrics.watch_publisher(self._publisher_status)
+        self.metrics.prepared_devices.set_function(self._prepared_device_count)
+        self.health.add_listener(
+            lambda states: self.metrics.unhealthy_devices.set(sum(s.health is not Health.HEALTHY for s in states))
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Publisher, recovery, DRA socket, registration socket, metrics; on failure, undoes what started."""
+        try:
+            self.publisher.start()
+            self._publisher_started = True
+            report = self.state.recover()
+            if report.failed:
+                log.error("some prepared claims could not be restored", failed=report.failed)
+            if self.health_source is not None:
+                self.health_source.start()
+            self.dra_server.start()
+            self.registration_server.start()
+            self.metrics_server.start()
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "kubelet plugin running",
+            driver=DRIVER_NAME,
+            node=self.config.node_name,
+            inventory=self.inventory.source,
+            gpus=len(self.inventory.gpus),
+            devices=len(device_names_from_slices(self.slices)),
+            registration_socket=str(self.config.socket_paths.registration_socket),
+            dra_socket=str(self.config.socket_paths.dra_socket),
+            metrics_port=self.metrics_server.port,
+        )
+
+    def stop(self) -> None:
+        """Registration first (kubelet stops routing here), then health streams, DRA calls, publisher."""
+        if self._stopped:
+            return
+        self._stopped = True
+        log.info("kubelet plugin stopping", cleanup_slices=self.config.cleanup_on_exit)
+        self.registration_server.stop(0)
+        self.health.close()
+        self.dra_server.stop(self.config.stop_grace)
+        self.service.close()
+        if self.health_source is not None:
+            self.health_source.stop()
+        if self._publisher_started:
+            try:
+                self.publisher.stop(cleanup=self.config.cleanup_on_exit)
+            except Exception as exc:
+                # Slices left behind are wiped by kubelet 30 s after the driver disappears.
+                log.error("cannot delete this node's ResourceSlices", error=str(exc))
+        self.metrics_server.stop()
+        log.info("kubelet plugin stopped")
+
+    # -- status --------------------------------------------------------------------------------
+    def healthz(self) -> tuple[bool, str]:
+        """Healthy when both sockets serve and the publisher has synced once or is retrying."""
+        if not (self.dra_server.running and self.registration_server.running):
+            return False, "gRPC servers not running"
+        status = self._publisher_status()
+        if status.state == "starting":
+            return False, "ResourceSlice publisher has not finished its first sync"
+        if status.state == "stopped":
+            return False, "ResourceSlice publisher stopped"
+        return True, f"ok (publisher {status.state})"
+
+    def _publisher_status(self) -> PublisherStatus:
+        p = self.publisher
+        syncs, errors = p.syncs, p.errors
+        with self._status_lock:
+            if self._stopped:
+                self._publisher_state = "stopped"
+            elif syncs > self._seen_syncs:
+                # Both counters only grow. A success since the last look means it is publishing; the
+                # publisher only fails again after a resync or a watch event, so success came last.
+                self._publisher_state = "synced"
+            elif errors > self._seen_errors:
+                self._publisher_state = "retrying"
+            self._seen_syncs, self._seen_errors = syncs, errors
+            state = self._publisher_state
+        return PublisherStatus(state=state, syncs=syncs, errors=errors, last_sync_time=p.last_sync_time)
+
+    def _prepared_device_count(self) -> float:
+        from kubeletplugin.checkpoint import ClaimState
+
+        try:
+            entries = self.state.prepared_claims()
+        except Exception:  # a scrape must never fail because the checkpoint is being rewritten
+            return float("nan")
+        return float(sum(len(e.devices) for e in entries.values() if e.state == ClaimState.PREPARE_COMPLETED))
+
+    def _on_registration(self, status: RegistrationStatus) -> None:
+        self.metrics.registered.set(1 if status.registered else 0)
+
+
+def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceState:
+    """DeviceState with the MPS and MIG backends that match the discovery backend."""
+    from driver.driverroot import discover_driver_root
+    from kubeletplugin.migmanager import MigManager, NvmlMigManager, SimulatedMigManager
+    from kubeletplugin.mps import FakeMpsControl, MpsControl, NvidiaMpsControl
+    from kubeletplugin.state import DeviceState
+
+    driver_root = discover_driver_root(config.cdi_driver_root) if config.cdi_driver_root else None
+    mps: MpsControl
+    mig: MigManager
+    if config.simulated:
+        # Simulated GPUs cannot run MPS daemons or MIG instances; their stand-ins keep the same records.
+        mps = FakeMpsControl(config.state_dir)
+        mig = SimulatedMigManager(config.state_dir)
+    else:
+        binary = driver_root.binary("nvidia-cuda-mps-control") if driver_root else None
+        mps = NvidiaMpsControl(config.state_dir, binary or "nvidia-cuda-mps-control")
+        mig = NvmlMigManager(config.state_dir)
+    return DeviceState(inventory, config.cdi_dir, config.state_dir, config.node_name, mps, mig, driver_root)
+
+
+def run_plugin(
+    config: PluginConfig,
+    *,
+    api: KubeAPI | None = None,
+    stop_event: threading.Event | None = None,
+    on_started: Callable[[KubeletPlugin], None] | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop_event`); 0 on a clean stop, 1 when the plugin cannot start."""
+    from driver.discovery import DiscoveryError, load_inventory
+    from driver.driverroot import DriverRootError
+    from driver.kubeapi import RealKubeAPI
+    from kubeletplugin.grpcservers import SocketError
+
+    stop = stop_event or threading.Event()
+    try:
+        inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
+        state = build_device_state(config, inventory)
+    except (DiscoveryError, DriverRootError) as exc:
+        log.error("cannot start the kubelet plugin", error=str(exc))
+        return 1
+    if api is None:
+        try:
+            api = RealKubeAPI(config.kubeconfig)
+        except Exception as exc:  # the client raises ConfigException, OSError, yaml errors alike
+            where = config.kubeconfig or "in-cluster config or ~/.kube/config"
+            log.error("cannot load Kubernetes client configuration", source=where, error=str(exc))
+            return 1
+    plugin = KubeletPlugin(config, api, inventory, state)
+    previous = _install_signal_handlers(stop)
+    try:
+        try:
+            plugin.start()
+        except (SocketError, OSError) as exc:
+            log.error("cannot start the kubelet plugin", error=str(exc))
+            return 1
+        if on_started is not None:
+            on_started(plugin)
+        stop.wait()
+        plugin.stop()
+        return 0
+    finally:
+        _restore_signal_handlers(previous)
+
+
+_Handler = Callable[[int, FrameType | None], object] | int | None
+
+
+def _install_signal_handlers(stop: threading.Event) -> dict[int, _Handler]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        del frame
+        log.info("signal received; shutting down", signal=signal.Signals(signum).name)
+        stop.set()
+
+    previous: dict[int, _Handler] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, handle)
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
