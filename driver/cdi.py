@@ -1,0 +1,287 @@
+"""Per-claim CDI spec files: what a container gets when kubelet passes tessera's CDI device ids.
+
+One JSON file per claim (`gpu.tessera.dev-claim_<uid>.json`) in the CDI spec directory, written
+atomically because runtimes watch the directory and would pick up a half-written spec. A spec
+holds one CDI device per allocated device (its device nodes) plus claim-wide edits (control
+nodes, visible-device env, driver mounts, the claim's MPS pipe directory) that the runtime applies
+once whenever any device of the spec is injected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+CDI_VENDOR = "gpu.tessera.dev"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+SPEC_SUFFIX = ".json"
+
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+# Claim uids name files; anything but a plain token could climb out of the CDI directory.
+_CLAIM_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+# /proc/driver/nvidia-caps/mig-minors numbers every possible MIG capability in a fixed grid: per GPU
+# minor 15 GPU instances, per GPU instance one access file followed by 8 compute instances.
+_MIG_CAP_FIRST = 3
+_MIG_CAP_PER_GI = 9
+_MIG_CAP_PER_GPU = 15 * _MIG_CAP_PER_GI
+
+
+class CdiError(ValueError):
+    """A spec tessera refuses to write (bad claim uid, bad device name)."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hostPath": self.host_path, "containerPath": self.container_path, "options": list(self.options)}
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        return ContainerEdits(
+            self.env + other.env,
+            self.device_nodes + tuple(n for n in other.device_nodes if n not in self.device_nodes),
+            self.mounts + other.mounts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [{"path": p} for p in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_dict() for m in self.mounts]
+        return out
+
+
+@dataclass(frozen=True)
+class SpecDevice:
+    """One CDI device of a claim spec."""
+
+    name: str  # CDI device name, unique in the spec
+    visible_id: str  # GPU or MIG UUID, as CUDA_VISIBLE_DEVICES takes it
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+def check_claim_uid(uid: str) -> str:
+    if not _CLAIM_UID.match(uid):
+        raise CdiError(f"claim uid {uid!r} is not a plain token of letters, digits and '-'; refusing to use it")
+    return uid
+
+
+def device_name(claim_uid: str, device: str, suffix: str = "") -> str:
+    """The CDI device name of an allocated device: `<claim uid>-<device>[-<suffix>]`, never reused across claims."""
+    name = f"{check_claim_uid(claim_uid)}-{device}" + (f"-{suffix}" if suffix else "")
+    if not _DEVICE_NAME.match(name):
+        raise CdiError(f"CDI device name {name!r} does not match the CDI device name grammar")
+    return name
+
+
+def qualified_id(name: str) -> str:
+    return f"{CDI_KIND}={name}"
+
+
+def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
+    return cdi_dir / f"{SPEC_PREFIX}{check_claim_uid(claim_uid)}{SPEC_SUFFIX}"
+
+
+def gpu_device_nodes(minor: int) -> tuple[str, ...]:
+    return (f"/dev/nvidia{minor}",)
+
+
+def mig_capability_minors(
+    gpu_minor: int, gpu_instance: int, compute_instance: int, proc_root: Path | None
+) -> tuple[int, int]:
+    """Minor numbers of `/dev/nvidia-caps/nvidia-cap<N>` for a MIG instance's GI and CI access files.
+
+    Read from `<proc_root>/driver/nvidia-caps/mig-minors` when that table exists (a real node);
+    otherwise (simulation) computed from the fixed grid the driver uses for that table.
+    """
+    gi_key = f"gpu{gpu_minor}/gi{gpu_instance}/access"
+    ci_key = f"gpu{gpu_minor}/gi{gpu_instance}/ci{compute_instance}/access"
+    if proc_root is not None:
+        table = proc_root / "driver" / "nvidia-caps" / "mig-minors"
+        if table.is_file():
+            minors: dict[str, int] = {}
+            for line in table.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1].isdigit():
+                    minors[parts[0]] = int(parts[1])
+            if gi_key not in minors or ci_key not in minors:
+                raise CdiError(f"{table} has no entry for {gi_key} or {ci_key}")
+            return minors[gi_key], minors[ci_key]
+    gi_minor = _MIG_CAP_FIRST + gpu_minor * _MIG_CAP_PER_GPU + gpu_instance * _MIG_CAP_PER_GI
+    return gi_minor, gi_minor + 1 + compute_instance
+
+
+def mig_device_nodes(
+    gpu_minor: int, gpu_instance: int, compute_instance: int, proc_root: Path | None = None
+) -> tuple[str, ...]:
+    gi_minor, ci_minor = mig_capability_minors(gpu_minor, gpu_instance, compute_instance, proc_root)
+    return (
+        f"/dev/nvidia{gpu_minor}",
+        f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_minor}",
+    )
+
+
+def build_claim_spec(
+    claim_uid: str, devices: Sequence[SpecDevice], common: ContainerEdits | None = None
+) -> dict[str, Any]:
+    """The CDI spec of one claim; visible-device env lists the devices' UUIDs in the given order."""
+    check_claim_uid(claim_uid)
+    common = common or ContainerEdits()
+    if not devices:
+        raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        raise CdiError(f"claim {claim_uid}: duplicate CDI device names {names}")
+    visible: list[str] = []
+    for d in devices:
+        if d.visible_id not in visible:
+            visible.append(d.visible_id)
+    ids = ",".join(visible)
+    claim_edits = (
+        ContainerEdits(
+            env=(f"NVIDIA_VISIBLE_DEVICES={ids}", f"CUDA_VISIBLE_DEVICES={ids}"),
+            device_nodes=CONTROL_DEVICE_NODES,
+        )
+        + common
+    )
+    spec_devices = []
+    for d in devices:
+        if not _DEVICE_NAME.match(d.name):
+            raise CdiError(f"CDI device name {d.name!r} does not match the CDI device name grammar")
+        edits = d.edits.to_dict()
+        if not edits:
+            raise CdiError(f"CDI device {d.name!r} has no container edits; runtimes reject such a device")
+        spec_devices.append({"name": d.name, "containerEdits": edits})
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": spec_devices}
+    spec["containerEdits"] = claim_edits.to_dict()
+    spec["cdiVersion"] = minimum_cdi_version(spec)
+    return spec
+
+
+def minimum_cdi_version(spec: dict[str, Any]) -> str:
+    """The oldest cdiVersion that allows every field the spec uses (older runtimes reject newer versions)."""
+    edits: list[dict[str, Any]] = [spec.get("containerEdits") or {}]
+    edits += [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    if any("additionalGids" in e or "intelRdt" in e for e in edits):
+        return "0.7.0"
+    kind = str(spec.get("kind", ""))
+    if (
+        "annotations" in spec
+        or any("annotations" in d for d in spec.get("devices", []))
+        or "." in kind.rsplit("/", maxsplit=1)[-1]
+    ):
+        return "0.6.0"
+    if any(str(d.get("name", ""))[:1].isdigit() for d in spec.get("devices", [])) or any(
+        "hostPath" in n for e in edits for n in e.get("deviceNodes", [])
+    ):
+        return "0.5.0"
+    if any("type" in m for e in edits for m in e.get("mounts", [])):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Replace `path` with `data`: temp file in the same dir (not named *.json), fsync, rename, fsync the dir."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_spec(cdi_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+    """Write (or replace) a claim's spec atomically, 0644 in a 0755 directory, and return its path."""
+    path = spec_path(cdi_dir, claim_uid)
+    cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if path.parent.resolve() != cdi_dir.resolve():
+        raise CdiError(f"spec path {path} is outside the CDI directory {cdi_dir}")
+    write_atomic(path, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    log.debug("cdi spec written", claim_uid=claim_uid, path=str(path))
+    return path
+
+
+def read_spec(cdi_dir: Path, claim_uid: str) -> dict[str, Any] | None:
+    """A claim's spec as written, or None when there is none (or it cannot be parsed)."""
+    path = spec_path(cdi_dir, claim_uid)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("unreadable cdi spec", path=str(path))
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove_spec(cdi_dir: Path, claim_uid: str) -> bool:
+    """Delete a claim's spec; True if a file was removed. A missing file is not an error."""
+    path = spec_path(cdi_dir, claim_uid)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_dir(cdi_dir)
+    log.debug("cdi spec removed", claim_uid=claim_uid, path=str(path))
+    return True
+
+
+def claim_spec_uids(cdi_dir: Path) -> list[str]:
+    """Claim uids of every tessera claim spec in the directory (other drivers' files are left alone)."""
+    if not cdi_dir.is_dir():
+        return []
+    uids = []
+    for entry in sorted(cdi_dir.iterdir()):
+        name = entry.name
+        if name.startswith(SPEC_PREFIX) and name.endswith(SPEC_SUFFIX):
+            uid = name[len(SPEC_PREFIX) : -len(SPEC_SUFFIX)]
+            if _CLAIM_UID.match(uid):
+                uids.append(uid)
+    return uids
+
+
+def cdi_ids(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(qualified_id(n) for n in names)
