@@ -235,7 +235,10 @@ def _place_gpu(node_name: str, spec: GpuSpec) -> Gpu:
 
 
 def _looks_like_path(ref: str) -> bool:
-    return "/" in ref or ref.endswith((".yaml", ".yml")) or Path(ref).is_file()
+    # A bare built-in name wins over a same-named file in the working directory.
+    if "/" in ref or ref.endswith((".yaml", ".yml")):
+        return True
+    return ref not in builtin_profiles() and Path(ref).is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -505,3 +505,11 @@ def test_structural_mistakes_name_the_field(tmp_path, extra, message):
 def test_mig_instance_mistakes_name_the_field(tmp_path, mig_lines, message):
     err = load_error(tmp_path, VALID + "    migEnabled: true\n" + mig_lines)
     assert message in str(err)
+
+
+def test_bare_file_name_in_the_working_directory_is_a_profile_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "labnode").write_text(VALID)
+    (tmp_path / "t4-4").write_text("not: a profile\n")
+    assert load_inventory("node-a", simulate="labnode").source == "simulated:labnode"
+    assert load_inventory("node-a", simulate="t4-4").source == "simulated:t4-4"  # the built-in wins
