@@ -191,6 +191,7 @@ def simulated_inventory(node_name: str, profile: str | Profile) -> Inventory:
         cuda_driver_version=spec.cuda_driver_version,
         gpus=assign_nvlink_islands(gpus, spec.nvlink_links, spec.nvlink_switch),
         source=f"simulated:{spec.name}",
+        extra={"description": spec.description} if spec.description else {},
     )
 
 

@@ -73,6 +73,7 @@ def test_default_backend_is_the_dgx_h100_profile():
 
 def test_dgx_h100_8_describes_an_hgx_h100_node():
     inventory = load_inventory("node-a", simulate="dgx-h100-8")
+    assert inventory.extra["description"].startswith("NVIDIA DGX H100")
     assert inventory.driver_version == "550.54.15"
     assert inventory.cuda_driver_version == "12.4"
     assert [gpu.index for gpu in inventory.gpus] == list(range(8))
@@ -215,6 +216,7 @@ def test_user_profile_file_is_loaded_by_path(tmp_path):
     path = write(tmp_path, VALID, "lab-box.yaml")
     inventory = load_inventory("node-a", simulate=path)
     assert inventory.source == "simulated:lab-box"
+    assert "description" not in inventory.extra
     assert len(inventory.gpus) == 4
     assert islands(inventory) == [{0}, {1}, {2}, {3}]
 
