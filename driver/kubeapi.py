@@ -146,3 +146,39 @@ class RealKubeAPI:
             raise _translate(exc) from exc
         finally:
             w.stop()
+
+    # -- added for the controller (WEBHOOK): list/watch of deviceclasses and all resourceclaims ------------
+    def list_device_classes(self) -> Obj:
+        result: Obj = self._call(
+            self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses"
+        )
+        return result
+
+    def watch_device_classes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
+        return self._watch_cluster("deviceclasses", resource_version, timeout_seconds)
+
+    def list_resource_claims(self) -> Obj:
+        """ResourceClaims of every namespace (the cluster-wide list endpoint)."""
+        result: Obj = self._call(
+            self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"
+        )
+        return result
+
+    def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
+        return self._watch_cluster("resourceclaims", resource_version, timeout_seconds)
+
+    def _watch_cluster(self, plural: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        from kubernetes import watch
+
+        w = watch.Watch()
+        try:
+            for event in w.stream(
+                self._custom.list_cluster_custom_object,
+                RESOURCE_GROUP, RESOURCE_VERSION, plural,
+                resource_version=resource_version, timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
+            ):
+                yield WatchEvent(str(event["type"]), event["object"])
+        except Exception as exc:
+            raise _translate(exc) from exc
+        finally:
+            w.stop()
