@@ -1,0 +1,439 @@
+"""Keeps this node's ResourceSlices in the apiserver equal to what the node's inventory says.
+
+The publisher owns the slices of one pool (pool name = node name). Each sync lists what exists and
+applies the difference, following the reference controller's rules (k8s.io/dynamic-resource-allocation
+`resourceslice`): delete obsolete slices first, then update, then create; raise `pool.generation` when a
+change needs new slices or more than one update, so the scheduler never combines old and new slices;
+keep the generation for a single in-place update, which is atomic anyway.
+
+Slices get deterministic names (driver.names.slice_name), which is how a restarted publisher adopts the
+slices its predecessor wrote. A watch brings the pool back within moments when kubelet (which wipes a
+node's slices whenever it restarts) or anyone else deletes or edits them; a periodic resync is the safety
+net for missed events. Apiserver errors never escape: the sync thread retries with capped, jittered
+exponential backoff and logs once per change between healthy and failing.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from driver import DRIVER_NAME
+from driver.kubeapi import ApiError, KubeAPI, Obj, WatchEvent
+from driver.names import slice_field_selector, slice_name
+
+log = structlog.get_logger(__name__)
+
+WaitFn = Callable[[threading.Event, float], bool]
+
+
+def _event_wait(event: threading.Event, timeout: float) -> bool:
+    return event.wait(timeout)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with a cap and +-`jitter` proportional randomisation, so many nodes that lost
+    the apiserver at the same moment do not come back in lockstep."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.2
+    rng: Callable[[], float] = random.random
+    attempts: int = field(default=0, init=False)
+
+    def next(self) -> float:
+        # The exponent is bounded so a node that stays cut off for days cannot overflow the float.
+        base = min(self.maximum, self.initial * self.factor ** min(self.attempts, 64))
+        self.attempts += 1
+        spread = 1.0 - self.jitter + 2.0 * self.jitter * self.rng()
+        return min(self.maximum, base * spread)
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What one sync will do, computed from the desired and the existing slices."""
+
+    generation: int
+    delete: tuple[str, ...]
+    update: tuple[Obj, ...]
+    create: tuple[Obj, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.delete or self.update or self.create)
+
+
+def _without_generation(spec: Obj) -> Obj:
+    spec = copy.deepcopy(spec)
+    pool = spec.get("pool")
+    if isinstance(pool, dict):
+        pool.pop("generation", None)
+    return spec
+
+
+def _generation(obj: Obj) -> int:
+    value = obj.get("spec", {}).get("pool", {}).get("generation", 0)
+    return value if isinstance(value, int) else 0
+
+
+class Publisher:
+    """Publishes `slices` (driver.slices.build_slices output) for `node_name` and keeps them published."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        node_name: str,
+        slices: list[Obj],
+        *,
+        resync_interval: float = 300.0,
+        owner_retry_interval: float = 30.0,
+        republish_delay: float = 0.2,
+        watch_timeout: int = 300,
+        watch: bool = True,
+        backoff: Backoff | None = None,
+        wait: WaitFn = _event_wait,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._node = node_name
+        self._selector = slice_field_selector(node_name)
+        self._resync_interval = resync_interval
+        self._owner_retry_interval = owner_retry_interval
+        self._republish_delay = republish_delay
+        self._watch_timeout = watch_timeout
+        self._watch_enabled = watch
+        self._backoff = backoff or Backoff()
+        self._watch_backoff = Backoff(initial=self._backoff.initial, maximum=self._backoff.maximum,
+                                      rng=self._backoff.rng)
+        self._wait = wait
+        self._clock = clock
+
+        self._lock = threading.Lock()  # guards the desired state and the bookkeeping below
+        self._sync_lock = threading.Lock()  # one sync at a time, thread or caller
+        self._desired: list[Obj] = copy.deepcopy(slices)
+        self._desired_version = 0
+        self._synced_version = -1
+        self._synced = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+        self._owner: Obj | None = None
+        self._owner_next_try = 0.0
+        self._owner_warned = False
+        # name -> (spec we sent, spec the apiserver stored) where they differ: the server dropped fields
+        # (a feature gate is off); treating the stored form as in sync avoids an endless update loop.
+        self._dropped: dict[str, tuple[Obj, Obj]] = {}
+        self._own_versions: set[str] = set()
+        self._own_deletes: set[str] = set()
+        self._generation = 0
+        self._failing = False
+
+        # Counters for metrics.
+        self.syncs = 0  # successful syncs, whether or not they had to write
+        self.publishes = 0  # successful syncs that changed something in the apiserver
+        self.errors = 0  # failed syncs
+        self.last_sync_time: float | None = None  # clock() of the last successful sync
+        self.last_error: str = ""
+
+    # -- public API -------------------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """The pool generation of the last successful sync."""
+        return self._generation
+
+    def start(self) -> None:
+        """Start the sync and watch threads; the first sync happens right away."""
+        if self._threads:
+            raise RuntimeError("publisher already started")
+        self._stop.clear()
+        self._wake.set()
+        targets = [(self._run_sync, "slice-sync")]
+        if self._watch_enabled:
+            targets.append((self._run_watch, "slice-watch"))
+        for target, name in targets:
+            thread = threading.Thread(target=target, name=f"tessera-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def update(self, slices: list[Obj]) -> None:
+        """Replace the desired slices; the sync thread applies them at once."""
+        with self._lock:
+            self._desired = copy.deepcopy(slices)
+            self._desired_version += 1
+        self._wake.set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Block until the current desired slices have been published; False when `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        with self._synced:
+            while self._synced_version != self._desired_version:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._synced.wait(remaining)
+            return True
+
+    def stop(self, cleanup: bool = False) -> None:
+        """Stop the threads; with `cleanup`, also delete every slice of this node's pool."""
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            # The watch thread may sit in a long-poll; it is a daemon and exits on its next event.
+            thread.join(timeout=5.0 if thread.name.endswith("sync") else 0.5)
+        self._threads.clear()
+        if cleanup:
+            self.delete_all()
+
+    def delete_all(self) -> int:
+        """Delete every slice of this driver on this node; returns how many were deleted. Raises ApiError."""
+        with self._sync_lock:
+            deleted = 0
+            for obj in self._list_own():
+                name = obj["metadata"]["name"]
+                try:
+                    self._api.delete_resource_slice(name)
+                    deleted += 1
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
+            log.info("deleted this node's ResourceSlices", node=self._node, count=deleted)
+            return deleted
+
+    def sync_once(self) -> bool:
+        """One reconcile pass; returns False (and counts an error) when the apiserver refused or failed."""
+        with self._lock:
+            desired = copy.deepcopy(self._desired)
+            version = self._desired_version
+        with self._sync_lock:
+            try:
+                wrote = self._sync(desired)
+            except ApiError as exc:
+                self.errors += 1
+                self.last_error = str(exc)
+                log.debug("ResourceSlice sync failed", node=self._node, error=str(exc))
+                return False
+            except Exception as exc:  # e.g. a malformed object from the server: retried, never fatal
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("ResourceSlice sync failed unexpectedly", node=self._node)
+                return False
+        self.syncs += 1
+        self.publishes += wrote
+        self.last_sync_time = self._clock()
+        with self._synced:
+            if version == self._desired_version:
+                self._synced_version = version
+            self._synced.notify_all()
+        return True
+
+    # -- reconcile ----------------------------------------------------------------------------------------
+
+    def _list_own(self) -> list[Obj]:
+        listed = self._api.list_resource_slices(field_selector=self._selector)
+        return [
+            obj for obj in listed.get("items", [])
+            if obj.get("spec", {}).get("driver") == DRIVER_NAME and obj.get("spec", {}).get("nodeName") == self._node
+        ]
+
+    def _ensure_owner(self) -> None:
+        if self._owner is not None or self._clock() < self._owner_next_try:
+            return
+        try:
+            node = self._api.get_node(self._node)
+        except ApiError as exc:
+            self._owner_next_try = self._clock() + self._owner_retry_interval
+            if not self._owner_warned:
+                log.warning("cannot read the Node object; publishing slices without an owner reference for now",
+                            node=self._node, error=str(exc), retry_in_s=self._owner_retry_interval)
+                self._owner_warned = True
+            return
+        self._owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self._node,
+            "uid": node["metadata"]["uid"],
+            "controller": True,
+        }
+        if self._owner_warned:
+            log.info("found the Node object; slices get their owner reference", node=self._node)
+
+    def _body(self, template: Obj, name: str, generation: int, count: int, existing: Obj | None) -> Obj:
+        body = copy.deepcopy(template)
+        meta = body.setdefault("metadata", {})
+        meta.pop("generateName", None)
+        meta["name"] = name
+        if self._owner is not None:
+            meta["ownerReferences"] = [dict(self._owner)]
+        elif existing is not None and existing.get("metadata", {}).get("ownerReferences"):
+            meta["ownerReferences"] = copy.deepcopy(existing["metadata"]["ownerReferences"])
+        if existing is not None:
+            meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        spec = body.setdefault("spec", {})
+        spec["pool"] = {"name": self._node, "generation": generation, "resourceSliceCount": count}
+        return body
+
+    def _same_content(self, name: str, want: Obj, have: Obj) -> bool:
+        want_spec, have_spec = _without_generation(want["spec"]), _without_generation(have.get("spec", {}))
+        if want_spec != have_spec and self._dropped.get(name) != (want_spec, have_spec):
+            return False
+        want_meta, have_meta = want.get("metadata", {}), have.get("metadata", {})
+        have_labels = have_meta.get("labels") or {}
+        if any(have_labels.get(k) != v for k, v in (want_meta.get("labels") or {}).items()):
+            return False
+        return (want_meta.get("ownerReferences") or []) == (have_meta.get("ownerReferences") or [])
+
+    def plan(self, desired: list[Obj], existing: list[Obj]) -> SyncPlan:
+        """The deletes, updates and creates that turn `existing` into `desired` (pure; used by `_sync`)."""
+        names = [slice_name(self._node, i) for i in range(len(desired))]
+        ours = [e for e in existing if e.get("spec", {}).get("pool", {}).get("name") == self._node]
+        by_name = {e["metadata"]["name"]: e for e in ours}
+        obsolete = sorted(
+            e["metadata"]["name"] for e in existing if e["metadata"]["name"] not in names or e not in ours
+        )
+        current = max([self._generation, *(_generation(e) for e in ours)])
+
+        count = len(desired)
+        changed = creates = 0
+        for name, template in zip(names, desired, strict=True):
+            have = by_name.get(name)
+            if have is None:
+                creates += 1
+                continue
+            want = self._body(template, name, current, count, have)
+            if not self._same_content(name, want, have) or _generation(have) != current:
+                changed += 1
+        generation = current + 1 if creates or changed > 1 else current
+
+        updates: list[Obj] = []
+        new: list[Obj] = []
+        for name, template in zip(names, desired, strict=True):
+            have = by_name.get(name)
+            want = self._body(template, name, generation, count, have)
+            if have is None:
+                new.append(want)
+            elif not self._same_content(name, want, have) or _generation(have) != generation:
+                updates.append(want)
+        return SyncPlan(generation, tuple(obsolete), tuple(updates), tuple(new))
+
+    def _sync(self, desired: list[Obj]) -> bool:
+        self._ensure_owner()
+        plan = self.plan(desired, self._list_own())
+        for name in plan.delete:
+            self._own_deletes.add(name)
+            try:
+                self._api.delete_resource_slice(name)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        for body in plan.update:
+            self._remember(body, self._api.replace_resource_slice(body["metadata"]["name"], body))
+        for body in plan.create:
+            create_body = copy.deepcopy(body)
+            create_body["metadata"].pop("resourceVersion", None)
+            self._remember(create_body, self._api.create_resource_slice(create_body))
+        self._generation = plan.generation
+        if not plan.empty:
+            log.info("published ResourceSlices", node=self._node, generation=plan.generation,
+                     slices=len(desired), deleted=len(plan.delete), updated=len(plan.update),
+                     created=len(plan.create))
+        return not plan.empty
+
+    def _remember(self, sent: Obj, stored: Obj) -> None:
+        name = sent["metadata"]["name"]
+        rv = stored.get("metadata", {}).get("resourceVersion")
+        if rv:
+            if len(self._own_versions) > 10_000:
+                # Events for these were lost with a broken watch; forgetting them costs one extra sync.
+                self._own_versions.clear()
+            self._own_versions.add(str(rv))
+        sent_spec, stored_spec = _without_generation(sent["spec"]), _without_generation(stored.get("spec", {}))
+        if sent_spec != stored_spec:
+            if self._dropped.get(name) != (sent_spec, stored_spec):
+                log.warning("the apiserver stored the slice differently from what was sent (a feature gate such "
+                            "as DRAConsumableCapacity or DRAPartitionableDevices may be off); keeping its version",
+                            slice=name)
+            self._dropped[name] = (sent_spec, stored_spec)
+        else:
+            self._dropped.pop(name, None)
+
+    # -- threads ------------------------------------------------------------------------------------------
+
+    def _run_sync(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self.sync_once():
+                self._backoff.reset()
+                if self._failing:
+                    log.info("apiserver reachable again; ResourceSlices published", node=self._node)
+                    self._failing = False
+                delay = self._resync_interval
+                if self._owner is None:
+                    delay = min(delay, self._owner_retry_interval)
+            else:
+                delay = self._backoff.next()
+                if not self._failing:
+                    log.error("cannot publish ResourceSlices; retrying with backoff", node=self._node,
+                              error=self.last_error, retry_in_s=round(delay, 2))
+                    self._failing = True
+            self._wait(self._wake, delay)
+
+    def _is_own_event(self, event: WatchEvent) -> bool:
+        meta = event.object.get("metadata", {})
+        if event.type == "DELETED":
+            name = meta.get("name", "")
+            if name in self._own_deletes:
+                self._own_deletes.discard(name)
+                return True
+            return False
+        rv = str(meta.get("resourceVersion", ""))
+        if rv in self._own_versions:
+            self._own_versions.discard(rv)
+            return True
+        return False
+
+    def _run_watch(self) -> None:
+        resource_version = ""
+        while not self._stop.is_set():
+            try:
+                if not resource_version:
+                    listed = self._api.list_resource_slices(field_selector=self._selector)
+                    resource_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                for event in self._api.watch_resource_slices(resource_version, field_selector=self._selector,
+                                                             timeout_seconds=self._watch_timeout):
+                    if self._stop.is_set():
+                        return
+                    if event.type == "ERROR":
+                        # Usually 410 Gone: our resourceVersion is too old. Start over from a fresh list.
+                        resource_version = ""
+                        break
+                    resource_version = str(event.object.get("metadata", {}).get("resourceVersion", resource_version))
+                    if event.type == "BOOKMARK" or self._is_own_event(event):
+                        continue
+                    log.info("ResourceSlice changed by someone else; republishing", node=self._node,
+                             change=event.type, slice=event.object.get("metadata", {}).get("name"))
+                    if self._republish_delay:
+                        # Let a burst of deletions (kubelet wiping the pool) settle into one sync.
+                        self._stop.wait(self._republish_delay)
+                    self._wake.set()
+                self._watch_backoff.reset()
+            except Exception as exc:  # the watch must outlive any bad answer; the resync covers the gap
+                resource_version = ""
+                delay = self._watch_backoff.next()
+                if isinstance(exc, ApiError):
+                    log.debug("ResourceSlice watch failed", node=self._node, error=str(exc), retry_in_s=delay)
+                else:
+                    log.exception("ResourceSlice watch broke unexpectedly", node=self._node, retry_in_s=delay)
+                self._stop.wait(delay)
