@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from driver.cdi import (

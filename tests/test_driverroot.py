@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from driver.cdi import ContainerEdits, SpecDevice, build_claim_spec

@@ -1,0 +1,205 @@
+"""What the node agent has prepared, persisted so a restart (or a SIGKILL) loses nothing.
+
+One JSON file, `<state dir>/checkpoint.json`, mode 0600:
+`{"version": 1, "checksum": "sha256:<hex>", "claims": {<uid>: {...}}}` where the checksum covers
+the canonical JSON of `claims`. It is always replaced atomically. A file that fails to parse, fails
+its checksum or has a version this build does not know is moved aside
+(`checkpoint.json.corrupt-<timestamp>`) and tessera starts empty: a loud error beats a crash loop,
+and kubelet re-prepares what it still needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+from driver.cdi import write_atomic
+from kubeletplugin.migmanager import CreatedMig
+from kubeletplugin.mps import MpsDaemon
+from kubeletplugin.types import PreparedDevice
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_VERSION = 1
+FILE_NAME = "checkpoint.json"
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+    UNPREPARE_STARTED = "UnprepareStarted"
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """How a claim uses one physical GPU; used to refuse an exclusive claim on a card holding shares."""
+
+    gpu_uuid: str
+    kind: str  # "exclusive" (whole card), "share" (memory share), "mig" (a MIG instance on it)
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...] = ()
+    gpu_uses: tuple[GpuUse, ...] = ()
+    cdi_spec: dict[str, Any] | None = None  # the spec as written, to restore it after a reboot wiped /var/run/cdi
+    mps: MpsDaemon | None = None
+    migs: tuple[CreatedMig, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state.value,
+            "devices": [d.to_dict() for d in self.devices],
+            "gpuUses": [{"gpuUUID": u.gpu_uuid, "kind": u.kind} for u in self.gpu_uses],
+            "cdiSpec": self.cdi_spec,
+            "mps": self.mps.to_dict() if self.mps else None,
+            "migs": [m.to_dict() for m in self.migs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClaimEntry:
+        return cls(
+            uid=str(data["uid"]),
+            namespace=str(data["namespace"]),
+            name=str(data["name"]),
+            state=ClaimState(data["state"]),
+            devices=tuple(PreparedDevice.from_dict(d) for d in data.get("devices", [])),
+            gpu_uses=tuple(GpuUse(str(u["gpuUUID"]), str(u["kind"])) for u in data.get("gpuUses", [])),
+            cdi_spec=data.get("cdiSpec"),
+            mps=MpsDaemon.from_dict(data["mps"]) if data.get("mps") else None,
+            migs=tuple(CreatedMig.from_dict(m) for m in data.get("migs", [])),
+        )
+
+
+class CheckpointError(ValueError):
+    """The checkpoint file cannot be trusted."""
+
+
+def _canonical(claims: dict[str, Any]) -> bytes:
+    return json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode(entries: dict[str, ClaimEntry]) -> bytes:
+    claims = {uid: e.to_dict() for uid, e in sorted(entries.items())}
+    checksum = "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
+    return (
+        json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum, "claims": claims}, indent=1) + "\n"
+    ).encode()
+
+
+def decode(data: bytes) -> dict[str, ClaimEntry]:
+    """Parse and verify a checkpoint; CheckpointError says what is wrong with it."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise CheckpointError(f"not valid JSON (truncated?): {exc}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("not a JSON object")
+    version = doc.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(f"version {version!r}, this build reads version {CHECKPOINT_VERSION}")
+    claims = doc.get("claims")
+    if not isinstance(claims, dict):
+        raise CheckpointError("no claims object")
+    expected = "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
+    if doc.get("checksum") != expected:
+        raise CheckpointError(f"checksum mismatch (file says {doc.get('checksum')!r}, content is {expected})")
+    try:
+        return {uid: ClaimEntry.from_dict(entry) for uid, entry in claims.items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"malformed claim entry: {exc!r}") from None
+
+
+class CheckpointStore:
+    """Read-modify-write access to the checkpoint, serialized across threads and processes.
+
+    Two plugin pods overlap during a rolling update, so besides an in-process lock every
+    transaction holds an flock on `checkpoint.lock` and re-reads the file.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / FILE_NAME
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._lock_file: IO[str] | None = None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                lock_file = open(self.state_dir / "checkpoint.lock", "a")  # noqa: SIM115
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+                self._lock_file = lock_file
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_file is not None:
+                    fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+                    self._lock_file.close()
+                    self._lock_file = None
+
+    def load(self) -> dict[str, ClaimEntry]:
+        with self._locked():
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                return {}
+            try:
+                return decode(data)
+            except CheckpointError as exc:
+                aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
+                self.path.rename(aside)
+                log.error(
+                    "checkpoint unusable; moved aside and starting with no prepared claims",
+                    path=str(self.path),
+                    moved_to=str(aside),
+                    reason=str(exc),
+                )
+                return {}
+
+    def save(self, entries: dict[str, ClaimEntry]) -> None:
+        with self._locked():
+            write_atomic(self.path, encode(entries), 0o600)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[dict[str, ClaimEntry]]:
+        """Yield the current entries for editing; saved when the block ends without an exception."""
+        with self._locked():
+            entries = self.load()
+            before = dict(entries)
+            yield entries
+            if entries != before:
+                self.save(entries)
+
+    def get(self, uid: str) -> ClaimEntry | None:
+        return self.load().get(uid)
+
+    def put(self, entry: ClaimEntry) -> None:
+        with self.transaction() as entries:
+            entries[entry.uid] = entry
+
+    def drop(self, uid: str) -> None:
+        with self.transaction() as entries:
+            entries.pop(uid, None)

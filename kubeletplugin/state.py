@@ -1,0 +1,462 @@
+"""DeviceState: what it means to prepare and unprepare a claim on this node.
+
+The gRPC layer hands over a claim (already fetched from the apiserver) and gets back CDI device ids,
+or an error text; everything in between happens here, in this order, each step recorded so a crash
+at any point is repaired:
+
+prepare:   parse allocation + config (pure) -> checkpoint entry `PrepareStarted` -> create dynamic
+           MIG instances -> write the CDI spec -> start the claim's MPS daemon -> `PrepareCompleted`.
+unprepare: checkpoint entry `UnprepareStarted` -> stop MPS -> destroy MIG instances -> delete the
+           CDI spec -> drop the entry.
+
+A prepare that finds its own `PrepareStarted` entry (kubelet retried after a timeout or a crash)
+rolls forward, reusing what the entry says was already done. A prepare that fails rolls back, so
+a failed claim holds no GPU. `recover()` on start rolls *back* every half-done prepare: kubelet
+never got an answer for it, so no container uses it, and kubelet's retry prepares it from the
+claim again; completed claims get their CDI specs and MPS daemons back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from driver.allocation import DRIVER_NAME, AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
+from driver.cdi import (
+    CdiError,
+    ContainerEdits,
+    SpecDevice,
+    build_claim_spec,
+    check_claim_uid,
+    claim_spec_uids,
+    device_name,
+    gpu_device_nodes,
+    mig_device_nodes,
+    qualified_id,
+    read_spec,
+    remove_spec,
+    write_spec,
+)
+from driver.config import ConfigError, Strategy
+from driver.driverroot import DriverRoot
+from driver.mig import layout_for
+from driver.model import Inventory
+from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
+from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
+from kubeletplugin.mps import MpsControl, MpsDaemon, MpsError, limit_mib, mps_paths
+from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
+
+log = structlog.get_logger(__name__)
+
+CRASH_ENV = "TESSERA_CRASH_AT"
+PREPARE_STEPS = (
+    "after-checkpoint-started",
+    "after-mig-create",
+    "after-cdi-write",
+    "after-mps-start",
+    "before-checkpoint-completed",
+)
+UNPREPARE_STEPS = (
+    "unprepare-after-checkpoint-started",
+    "unprepare-after-mps-stop",
+    "unprepare-after-mig-destroy",
+    "unprepare-after-cdi-delete",
+)
+
+
+def crash_from_env(step: str) -> None:
+    """Kill this process at `step` when TESSERA_CRASH_AT names it: for crash-recovery tests only."""
+    if os.environ.get(CRASH_ENV) == step:
+        log.warning("crash injected", step=step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ConflictError(ValueError):
+    """The claim needs a GPU in a way another prepared claim rules out."""
+
+
+@dataclass
+class RecoveryReport:
+    rolled_back: list[str] = field(default_factory=list)
+    specs_rewritten: list[str] = field(default_factory=list)
+    mps_restarted: list[str] = field(default_factory=list)
+    migs_recreated: list[str] = field(default_factory=list)
+    orphan_specs_removed: list[str] = field(default_factory=list)
+    orphan_migs_destroyed: list[str] = field(default_factory=list)
+    orphan_mps_stopped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def _use_kind(device: AllocatedDevice) -> str:
+    if device.target.is_mig:
+        return "mig"
+    return "share" if device.memory_share else "exclusive"
+
+
+class DeviceState:
+    """Prepared claims of one node; thread-safe (a lock per claim plus the checkpoint's lock)."""
+
+    def __init__(  # noqa: PLR0917 (the fixed interface passes these positionally)
+        self,
+        inventory: Inventory,
+        cdi_dir: Path,
+        state_dir: Path,
+        node_name: str,
+        mps: MpsControl,
+        mig: MigManager,
+        driver_root: DriverRoot | None = None,
+        *,
+        proc_root: Path | None = None,
+        driver_name: str = DRIVER_NAME,
+        crash_hook: Callable[[str], None] = crash_from_env,
+    ) -> None:
+        self.inventory = inventory
+        self.cdi_dir = cdi_dir
+        self.state_dir = state_dir
+        self.node_name = node_name
+        self.pool = node_name
+        self.mps = mps
+        self.mig = mig
+        self.driver_root = driver_root
+        self.proc_root = proc_root
+        self.driver_name = driver_name
+        self.crash_hook = crash_hook
+        self.store = CheckpointStore(state_dir)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        state_dir.mkdir(parents=True, exist_ok=True)
+
+    def _claim_lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    # --- prepare ----------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult:
+        """Prepare one claim; the same answer every time it is asked again. Errors come back as text."""
+        bound = log.bind(claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+        with self._claim_lock(ref.uid):
+            try:
+                result = self._prepare(ref, claim)
+            except (AllocationError, ConfigError, CdiError, ConflictError, MpsError, MigError) as exc:
+                bound.warning("prepare failed", error=str(exc))
+                return PrepareResult(error=str(exc))
+            except Exception as exc:
+                bound.exception("prepare failed unexpectedly")
+                return PrepareResult(error=f"internal error while preparing claim {ref.namespace}/{ref.name}: {exc!r}")
+        bound.info("claim prepared", devices=[d.device_name for d in result.devices])
+        return result
+
+    def _prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult:
+        check_claim_uid(ref.uid)
+        entry = self.store.get(ref.uid)
+        if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
+            return PrepareResult(entry.devices)
+        if entry is not None and entry.state == ClaimState.UNPREPARE_STARTED:
+            self._teardown(entry)
+            self.store.drop(ref.uid)
+            entry = None
+        alloc = parse_claim_allocation(claim, ref_uid=ref.uid, inventory=self.inventory, pool=self.pool,
+                                       driver=self.driver_name)  # fmt: skip
+        if not alloc.devices:
+            return PrepareResult()
+        mps_devices = [d for d in alloc.devices if d.sharing.strategy == Strategy.MPS]
+        if mps_devices and len(mps_devices) != len(alloc.devices):
+            raise ConfigError(
+                f"ResourceClaim {alloc.namespace}/{alloc.name}",
+                "one MPS daemon serves the whole claim, so either all of its devices use strategy MPS "
+                "(memory shares always do) or none; put the other devices in a separate claim",
+            )
+        percentages = {d.sharing.active_thread_percentage for d in mps_devices}
+        if len(percentages) > 1:
+            raise ConfigError(
+                f"ResourceClaim {alloc.namespace}/{alloc.name}",
+                f"one MPS daemon serves the whole claim, so sharing.mps.activeThreadPercentage must be the same "
+                f"for all its devices, got {sorted(percentages, key=str)}",
+            )
+
+        uses = tuple(
+            dict.fromkeys(GpuUse(d.target.gpu.uuid, _use_kind(d)) for d in alloc.devices if not d.admin_access)
+        )
+        with self.store.transaction() as entries:
+            self._check_conflicts(alloc, uses, entries)
+            entry = ClaimEntry(
+                uid=ref.uid,
+                namespace=alloc.namespace,
+                name=alloc.name,
+                state=ClaimState.PREPARE_STARTED,
+                gpu_uses=uses,
+                mps=entry.mps if entry else None,
+                migs=entry.migs if entry else (),
+            )
+            entries[ref.uid] = entry
+        self.crash_hook("after-checkpoint-started")
+        try:
+            return self._prepare_started(alloc, entry, bool(mps_devices), percentages)
+        except Exception:
+            # a failed prepare must not hold GPUs; kubelet retries from scratch
+            latest = self.store.get(ref.uid) or entry
+            try:
+                self._teardown(latest)
+                self.store.drop(ref.uid)
+            except Exception:
+                log.exception("rollback of a failed prepare failed", claim_uid=ref.uid)
+            raise
+
+    def _prepare_started(
+        self, alloc: ClaimAllocation, entry: ClaimEntry, use_mps: bool, percentages: set[int | None]
+    ) -> PrepareResult:
+        migs = self._create_migs(alloc, entry)
+        entry = replace(entry, migs=tuple(migs.values()))
+        self.store.put(entry)
+        self.crash_hook("after-mig-create")
+
+        spec, devices = self._build_spec(alloc, migs, use_mps)
+        write_spec(self.cdi_dir, alloc.uid, spec)
+        entry = replace(entry, cdi_spec=spec)
+        self.store.put(entry)
+        self.crash_hook("after-cdi-write")
+
+        if use_mps:
+            daemon = self._start_mps(alloc, migs, entry.mps, next(iter(percentages)))
+            entry = replace(entry, mps=daemon)
+            self.store.put(entry)
+        self.crash_hook("after-mps-start")
+
+        self.crash_hook("before-checkpoint-completed")
+        entry = replace(entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
+        self.store.put(entry)
+        return PrepareResult(devices)
+
+    def _check_conflicts(
+        self, alloc: ClaimAllocation, uses: tuple[GpuUse, ...], entries: dict[str, ClaimEntry]
+    ) -> None:
+        for other in entries.values():
+            if other.uid == alloc.uid:
+                continue
+            for mine in uses:
+                for theirs in other.gpu_uses:
+                    if mine.gpu_uuid != theirs.gpu_uuid or mine.kind == theirs.kind != "exclusive":
+                        continue
+                    gpu = self.inventory.gpu_by_uuid(mine.gpu_uuid).device_name
+                    raise ConflictError(
+                        f"{gpu} is already prepared for claim {other.namespace}/{other.name} ({theirs.kind} use); "
+                        f"this claim needs it for {mine.kind} use, which cannot coexist; it can be prepared once "
+                        "that claim is released"
+                    )
+
+    def _create_migs(self, alloc: ClaimAllocation, entry: ClaimEntry) -> dict[str, CreatedMig]:
+        """Dynamic MIG instances by device name, reusing the ones the entry already records."""
+        out: dict[str, CreatedMig] = {}
+        for d in alloc.devices:
+            t = d.target
+            if not t.is_dynamic_mig or d.device in out or t.mig_profile is None or t.placement is None:
+                continue
+            known = next(
+                (
+                    m
+                    for m in entry.migs
+                    if m.gpu_uuid == t.gpu.uuid and m.profile == t.mig_profile.name and m.placement == t.placement
+                ),
+                None,
+            )
+            if known is not None and self.mig.exists(known):
+                out[d.device] = known
+                continue
+            out[d.device] = self.mig.create(t.gpu, t.mig_profile, t.placement)
+            # recorded at once: a crash before the next checkpoint write must not leak the instance
+            kept = tuple(m for m in entry.migs if m not in out.values())
+            self.store.put(replace(entry, migs=(*kept, *out.values())))
+        return out
+
+    def _visible(self, d: AllocatedDevice, migs: dict[str, CreatedMig]) -> tuple[str, tuple[str, ...]]:
+        """The UUID CUDA sees for a device, and its device nodes."""
+        t = d.target
+        if t.static_instance is not None:
+            inst = t.static_instance
+            nodes = mig_device_nodes(t.gpu.minor, inst.gpu_instance_id, inst.compute_instance_id, self.proc_root)
+            return inst.uuid, nodes
+        if t.is_mig:
+            m = migs[d.device]
+            return m.uuid, mig_device_nodes(m.gpu_minor, m.gpu_instance_id, m.compute_instance_id, self.proc_root)
+        return t.gpu.uuid, gpu_device_nodes(t.gpu.minor)
+
+    def _build_spec(
+        self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], use_mps: bool
+    ) -> tuple[dict[str, Any], tuple[PreparedDevice, ...]]:
+        repeated = {d.device for d in alloc.devices if sum(o.device == d.device for o in alloc.devices) > 1}
+        spec_devices: list[SpecDevice] = []
+        prepared: list[PreparedDevice] = []
+        for d in alloc.devices:
+            suffix = (d.share_id or str(d.result_index)) if d.device in repeated else ""
+            name = device_name(alloc.uid, d.device, suffix)
+            visible, nodes = self._visible(d, migs)
+            spec_devices.append(SpecDevice(name, visible, ContainerEdits(device_nodes=nodes)))
+            prepared.append(PreparedDevice((d.base_request,), d.pool, d.device, (qualified_id(name),), d.share_id))
+        common = self.driver_root.container_edits() if self.driver_root else ContainerEdits()
+        if use_mps:
+            common = common + mps_paths(self.state_dir, alloc.uid).container_edits()
+        return build_claim_spec(alloc.uid, spec_devices, common), tuple(prepared)
+
+    def _start_mps(
+        self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], recorded: MpsDaemon | None, atp: int | None
+    ) -> MpsDaemon:
+        # per visible device, in CDI order: the claim's total on that card, never above the card
+        order: list[str] = []
+        limits: dict[str, int] = {}
+        capacity: dict[str, int] = {}
+        for d in alloc.devices:
+            visible, _ = self._visible(d, migs)
+            if visible not in limits:
+                order.append(visible)
+                limits[visible] = 0
+            limits[visible] += d.memory_limit_bytes
+            capacity[visible] = d.target.memory_bytes
+        limits_mib = [limit_mib(min(limits[v], capacity[v])) for v in order]
+        wanted = MpsDaemon(alloc.uid, "", "", "", tuple(order), tuple(limits_mib), atp)
+        if recorded is not None and (recorded.gpu_uuids, recorded.limits_mib, recorded.active_thread_percentage) == (
+            wanted.gpu_uuids, wanted.limits_mib, wanted.active_thread_percentage,
+        ) and self.mps.adopt(recorded):  # fmt: skip
+            return recorded
+        return self.mps.start(alloc.uid, order, limits_mib, atp)
+
+    # --- unprepare --------------------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> str:
+        """Undo a prepare; "" on success (also for claims never prepared), else the error text."""
+        bound = log.bind(claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+        with self._claim_lock(ref.uid):
+            try:
+                check_claim_uid(ref.uid)
+                entry = self.store.get(ref.uid)
+                if entry is None:
+                    if remove_spec(self.cdi_dir, ref.uid):
+                        bound.info("removed a CDI spec of a claim not in the checkpoint")
+                    return ""
+                if entry.state != ClaimState.UNPREPARE_STARTED:
+                    entry = replace(entry, state=ClaimState.UNPREPARE_STARTED)
+                    self.store.put(entry)
+                self.crash_hook("unprepare-after-checkpoint-started")
+                self._teardown(entry)
+                self.store.drop(ref.uid)
+            except (CdiError, MpsError, MigError, OSError) as exc:
+                bound.warning("unprepare failed", error=str(exc))
+                return str(exc)
+            except Exception as exc:
+                bound.exception("unprepare failed unexpectedly")
+                return f"internal error while unpreparing claim {ref.namespace}/{ref.name}: {exc!r}"
+        bound.info("claim unprepared")
+        return ""
+
+    def _teardown(self, entry: ClaimEntry) -> None:
+        """Stop MPS, destroy MIG instances, delete the CDI spec; each step is a no-op when already done."""
+        if entry.mps is not None or self.mps.is_running(entry.uid):
+            self.mps.stop(entry.uid)
+        self.crash_hook("unprepare-after-mps-stop")
+        for m in entry.migs:
+            self.mig.destroy(m)
+        self.crash_hook("unprepare-after-mig-destroy")
+        remove_spec(self.cdi_dir, entry.uid)
+        self.crash_hook("unprepare-after-cdi-delete")
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def prepared_claims(self) -> dict[str, ClaimEntry]:
+        return self.store.load()
+
+    def recover(self) -> RecoveryReport:
+        """Bring the node in line with the checkpoint after a start; see the module docstring."""
+        report = RecoveryReport()
+        for uid, entry in self.store.load().items():
+            with self._claim_lock(uid):
+                try:
+                    if entry.state == ClaimState.PREPARE_COMPLETED:
+                        self._restore(entry, report)
+                    else:
+                        self._teardown(entry)
+                        self.store.drop(uid)
+                        report.rolled_back.append(uid)
+                except Exception as exc:
+                    log.exception("recovery of a claim failed", claim_uid=uid)
+                    report.failed[uid] = str(exc)
+        self._remove_orphans(report)
+        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
+        return report
+
+    def _restore(self, entry: ClaimEntry, report: RecoveryReport) -> None:
+        spec = entry.cdi_spec
+        migs = list(entry.migs)
+        for i, m in enumerate(migs):
+            if self.mig.exists(m):
+                continue
+            # the instance vanished (GPU reset or reboot): same placement again, new UUID and caps
+            gpu = self.inventory.gpu_by_uuid(m.gpu_uuid)
+            layout = layout_for(gpu.product_name)
+            if layout is None:
+                raise MigError(f"{gpu.device_name}: no MIG table for {gpu.product_name}")
+            new = self.mig.create(gpu, layout.profile(m.profile), m.placement)
+            migs[i] = new
+            if spec is not None:
+                spec = _replace_strings(spec, _mig_renames(m, new, self.proc_root))
+            report.migs_recreated.append(entry.uid)
+        mps = entry.mps
+        if mps is not None and migs != list(entry.migs):
+            renames = {old.uuid: new.uuid for old, new in zip(entry.migs, migs, strict=True)}
+            mps = replace(mps, gpu_uuids=tuple(renames.get(u, u) for u in mps.gpu_uuids))
+        if spec is not None and read_spec(self.cdi_dir, entry.uid) != spec:
+            write_spec(self.cdi_dir, entry.uid, spec)
+            report.specs_rewritten.append(entry.uid)
+        if mps is not None and (mps != entry.mps or not self.mps.adopt(mps)):
+            mps = self.mps.start(entry.uid, mps.gpu_uuids, mps.limits_mib, mps.active_thread_percentage)
+            report.mps_restarted.append(entry.uid)
+        updated = replace(entry, cdi_spec=spec, migs=tuple(migs), mps=mps)
+        if updated != entry:
+            self.store.put(updated)
+
+    def _remove_orphans(self, report: RecoveryReport) -> None:
+        entries = self.store.load()
+        for uid in claim_spec_uids(self.cdi_dir):
+            if uid not in entries:
+                remove_spec(self.cdi_dir, uid)
+                report.orphan_specs_removed.append(uid)
+        known = {m for e in entries.values() for m in e.migs}
+        for m in self.mig.created():
+            if m not in known:
+                self.mig.destroy(m)
+                report.orphan_migs_destroyed.append(m.uuid)
+        mps_root = self.state_dir / "mps"
+        if mps_root.is_dir():
+            for d in sorted(mps_root.iterdir()):
+                if d.name not in entries:
+                    self.mps.stop(d.name)
+                    report.orphan_mps_stopped.append(d.name)
+
+
+def _mig_renames(old: CreatedMig, new: CreatedMig, proc_root: Path | None) -> dict[str, str]:
+    renames = {old.uuid: new.uuid}
+    old_nodes = mig_device_nodes(old.gpu_minor, old.gpu_instance_id, old.compute_instance_id, proc_root)
+    new_nodes = mig_device_nodes(new.gpu_minor, new.gpu_instance_id, new.compute_instance_id, proc_root)
+    renames.update(zip(old_nodes, new_nodes, strict=True))
+    return renames
+
+
+def _replace_strings(value: Any, renames: dict[str, str]) -> Any:
+    """`value` with every string equal to, or listing (comma-separated env values), an old name renamed."""
+    if isinstance(value, dict):
+        return {k: _replace_strings(v, renames) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_strings(v, renames) for v in value]
+    if isinstance(value, str):
+        if value in renames:
+            return renames[value]
+        if "=" in value:
+            key, _, rest = value.partition("=")
+            return f"{key}=" + ",".join(renames.get(p, p) for p in rest.split(","))
+    return value

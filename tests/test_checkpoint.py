@@ -1,0 +1,177 @@
+"""Checkpoint file: round trip, integrity checks, and what happens to a file that cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+
+import pytest
+
+from kubeletplugin.checkpoint import (
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    GpuUse,
+    decode,
+    encode,
+)
+from kubeletplugin.migmanager import CreatedMig
+from kubeletplugin.mps import MpsDaemon
+from kubeletplugin.types import PreparedDevice
+
+UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
+
+
+def full_entry(uid: str = UID) -> ClaimEntry:
+    return ClaimEntry(
+        uid=uid,
+        namespace="team-a",
+        name="claim",
+        state=ClaimState.PREPARE_COMPLETED,
+        devices=(PreparedDevice(("gpu",), "node-a", "gpu-0", (f"gpu.tessera.dev/claim={uid}-gpu-0",), "3f2c8a9e"),),
+        gpu_uses=(GpuUse("GPU-0", "share"),),
+        cdi_spec={"cdiVersion": "0.5.0", "kind": "gpu.tessera.dev/claim", "devices": []},
+        mps=MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),
+        migs=(CreatedMig("GPU-1", 1, 1, "1g.10gb", 3, 1, 2, 0, "MIG-x"),),
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save({UID: full_entry()})
+    assert CheckpointStore(tmp_path).load() == {UID: full_entry()}
+
+
+def test_file_is_private_and_versioned(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save({UID: full_entry()})
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    doc = json.loads(store.path.read_text())
+    assert doc["version"] == CHECKPOINT_VERSION
+    assert doc["checksum"].startswith("sha256:")
+    assert list(doc["claims"]) == [UID]
+
+
+def test_missing_file_is_empty(tmp_path):
+    assert CheckpointStore(tmp_path).load() == {}
+
+
+def test_save_leaves_no_temp_files(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save({UID: full_entry()})
+    store.save({})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+
+
+def test_encoding_is_byte_stable():
+    assert encode({UID: full_entry(), "b": full_entry("b")}) == encode({"b": full_entry("b"), UID: full_entry()})
+
+
+def test_decode_rejects_checksum_mismatch():
+    doc = json.loads(encode({UID: full_entry()}))
+    doc["claims"][UID]["name"] = "tampered"
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        decode(json.dumps(doc).encode())
+
+
+def test_decode_rejects_future_version():
+    doc = json.loads(encode({}))
+    doc["version"] = CHECKPOINT_VERSION + 1
+    with pytest.raises(CheckpointError, match="version 2, this build reads version 1"):
+        decode(json.dumps(doc).encode())
+
+
+def test_decode_rejects_truncated_file():
+    data = encode({UID: full_entry()})
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        decode(data[: len(data) // 2])
+
+
+def test_decode_rejects_malformed_entry_with_valid_checksum():
+    import hashlib
+
+    claims = {UID: {"uid": UID}}
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
+    doc = {"version": 1, "checksum": "sha256:" + hashlib.sha256(canonical).hexdigest(), "claims": claims}
+    with pytest.raises(CheckpointError, match="malformed claim entry"):
+        decode(json.dumps(doc).encode())
+
+
+def test_decode_rejects_non_object():
+    with pytest.raises(CheckpointError, match="not a JSON object"):
+        decode(b"[1, 2]")
+
+
+def test_decode_rejects_missing_claims():
+    with pytest.raises(CheckpointError, match="no claims object"):
+        decode(json.dumps({"version": 1, "checksum": "x"}).encode())
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda data: data[: len(data) // 3],
+        lambda data: data.replace(b"team-a", b"team-b"),
+        lambda data: data.replace(b'"version": 1', b'"version": 99'),
+        lambda data: b"",
+    ],
+    ids=["truncated", "checksum", "future-version", "empty"],
+)
+def test_unusable_file_is_moved_aside_and_tessera_starts_empty(tmp_path, corrupt):
+    store = CheckpointStore(tmp_path)
+    store.save({UID: full_entry()})
+    original = store.path.read_bytes()
+    store.path.write_bytes(corrupt(original))
+    assert store.load() == {}
+    assert not store.path.exists()
+    (aside,) = tmp_path.glob("checkpoint.json.corrupt-*")
+    assert aside.read_bytes() == corrupt(original)
+    store.put(full_entry("new"))
+    assert list(store.load()) == ["new"]
+
+
+def test_transaction_saves_changes_and_skips_unchanged(tmp_path):
+    store = CheckpointStore(tmp_path)
+    with store.transaction() as entries:
+        entries[UID] = full_entry()
+    assert store.get(UID) == full_entry()
+    mtime = store.path.stat().st_mtime_ns
+    with store.transaction():
+        pass
+    assert store.path.stat().st_mtime_ns == mtime
+
+
+def test_transaction_that_raises_saves_nothing(tmp_path):
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(RuntimeError), store.transaction() as entries:
+        entries[UID] = full_entry()
+        raise RuntimeError("boom")
+    assert store.load() == {}
+
+
+def test_put_and_drop(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.put(full_entry("a"))
+    store.put(full_entry("b"))
+    store.drop("a")
+    store.drop("never-there")
+    assert list(store.load()) == ["b"]
+
+
+def test_concurrent_puts_from_two_stores_lose_nothing(tmp_path):
+    # two stores on one directory behave like two plugin processes during a rolling update
+    stores = [CheckpointStore(tmp_path), CheckpointStore(tmp_path)]
+
+    def writer(n: int) -> None:
+        for i in range(20):
+            stores[n % 2].put(full_entry(f"c{n}-{i}"))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(CheckpointStore(tmp_path).load()) == 80
