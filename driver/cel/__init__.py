@@ -1,0 +1,29 @@
+"""The Kubernetes DRA CEL environment for device selectors (see docs in each module).
+
+Public API:
+- compile_selector(expression, *, engine=None) -> CompiledSelector (CelCompileError on rejection)
+- CompiledSelector.evaluate(device_view) -> bool (CelRuntimeError), .reads, .result_type
+- device_view(driver, device_dict) -> DeviceView
+- AttributeRead, CelCompileError, CelRuntimeError, DeviceViewError
+- driver.cel.quantity.Quantity, driver.cel.semver.Version
+Engine: cel-expr-python by default; TESSERA_CEL_ENGINE=celpy|celexpr or engine= selects one.
+"""
+
+from driver.cel.analysis import AttributeRead
+from driver.cel.device import DeviceView, device_view
+from driver.cel.errors import CelCompileError, CelRuntimeError, DeviceViewError
+from driver.cel.selector import DEFAULT_ENGINE, ENGINE_ENV_VAR, ENGINES, CompiledSelector, compile_selector
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "ENGINE_ENV_VAR",
+    "AttributeRead",
+    "CelCompileError",
+    "CelRuntimeError",
+    "CompiledSelector",
+    "DeviceView",
+    "DeviceViewError",
+    "compile_selector",
+    "device_view",
+]

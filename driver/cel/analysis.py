@@ -1,0 +1,707 @@
+"""Static analysis of a DRA selector: what it reads, whether each read is guarded, its type, its cost.
+
+The webhook needs to know, before any device exists, which attributes and capacities a selector
+touches and whether a device lacking one would make the selector fail (a run-time error blocks
+scheduling for every pod using the class) or merely not match. It also needs the checks the
+apiserver performs at admission that an engine without a type checker (cel-python) cannot do:
+field names on `device`, homogeneous literals, regex literals, known functions and obvious
+overload mismatches, a bool result, and the estimated cost limit.
+
+Guard semantics follow CEL's commutative logic: in `a && b` an error on one side is absorbed
+when the other side is false, so a presence test anywhere in a conjunction guards reads in the
+other conjuncts (and a negated presence test guards the other disjuncts of `||`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal as TypingLiteral
+
+from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit, children
+
+# Limits Kubernetes applies to DRA selectors (k8s.io/api/resource, cel.md §1.5).
+MAX_EXPRESSION_BYTES = 10 * 1024
+MAX_COST = 1_000_000
+MAX_MAP_ENTRIES = 32  # attributes + capacities per device, and domains
+MAX_STRING_SIZE = 64
+MAX_DRIVER_SIZE = 63
+_UNBOUNDED = 1 << 40
+
+DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+
+ReadKind = TypingLiteral["attribute", "capacity"]
+
+
+@dataclass(frozen=True)
+class AttributeRead:
+    """One attribute or capacity lookup in a selector.
+
+    domain/name are resolved (`device.attributes["gpu.tessera.dev"].productName` ->
+    ("gpu.tessera.dev", "productName")); a non-literal key is reported as "*". `guarded` is True
+    when a missing key cannot surface as a run-time error (a presence test, `.?`/`[?]`, or a read
+    protected by a presence test in the same conjunction/branch). `column` is 1-based.
+    `value_type` is the type the expression expects the value to have where that is evident
+    (e.g. "string" for `.startsWith(...)`, "semver" for `.isGreaterThan(semver(...))`), else None.
+    """
+
+    kind: ReadKind
+    domain: str
+    name: str
+    guarded: bool
+    column: int
+    value_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Issue:
+    offset: int
+    message: str
+
+
+@dataclass
+class Analysis:
+    reads: tuple[AttributeRead, ...]
+    result_type: str  # a CEL type name, "dyn" when unknown
+    estimated_cost: int
+    issues: tuple[Issue, ...]
+    uses_optional_syntax: bool
+    uses_bind: bool
+    literal_domains: frozenset[tuple[ReadKind, str]]
+
+
+# ---- type model ---------------------------------------------------------------------------------
+# Types are plain names; "dyn" is unknown. Internal shapes of the device variable:
+#   device, attrs (domain -> attr map), attrmap (name -> dyn), caps, capmap (name -> quantity)
+
+@dataclass(frozen=True)
+class T:
+    name: str
+    size: int = _UNBOUNDED  # max size for strings/lists/maps (for cost), unbounded if unknown
+    domain: str | None = None  # for attrmap/capmap: the resolved domain ("*" if dynamic)
+    elem: str = "dyn"  # element type of lists, value type of maps
+
+
+DYN = T("dyn", MAX_STRING_SIZE)
+BOOL, INT, UINT, DOUBLE = T("bool", 1), T("int", 1), T("uint", 1), T("double", 1)
+STRING, BYTES, NULL = T("string"), T("bytes"), T("null", 1)
+QUANTITY, SEMVER = T("quantity", 1), T("semver", 1)
+
+_NUMERIC = ("int", "uint", "double")
+_COMPARABLE = ("int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration")
+
+# Functions of the Kubernetes DRA environment: name -> overloads (member?, argument types, result).
+# "A" in an argument list means "same type as the receiver"; "*" means any type.
+_Overload = tuple[bool, tuple[str, ...], str]
+_FUNCTIONS: dict[str, tuple[_Overload, ...]] = {
+    "size": ((False, ("string",), "int"), (False, ("bytes",), "int"), (False, ("list",), "int"),
+             (False, ("map",), "int"), (True, ("string",), "int"), (True, ("bytes",), "int"),
+             (True, ("list",), "int"), (True, ("map",), "int")),
+    "contains": ((True, ("string", "string"), "bool"),),
+    "startsWith": ((True, ("string", "string"), "bool"),),
+    "endsWith": ((True, ("string", "string"), "bool"),),
+    "matches": ((True, ("string", "string"), "bool"), (False, ("string", "string"), "bool")),
+    "int": tuple((False, (t,), "int") for t in ("int", "uint", "double", "string", "timestamp", "duration")),
+    "uint": tuple((False, (t,), "uint") for t in ("int", "uint", "double", "string")),
+    "double": tuple((False, (t,), "double") for t in ("int", "uint", "double", "string")),
+    "string": tuple((False, (t,), "string") for t in ("int", "uint", "double", "string", "bytes", "bool",
+                                                        "timestamp", "duration")),
+    "bytes": ((False, ("string",), "bytes"), (False, ("bytes",), "bytes")),
+    "bool": ((False, ("bool",), "bool"), (False, ("string",), "bool")),
+    "dyn": ((False, ("*",), "dyn"),),
+    "type": ((False, ("*",), "type"),),
+    "duration": ((False, ("string",), "duration"),),
+    "timestamp": ((False, ("string",), "timestamp"), (False, ("int",), "timestamp")),
+    # quantity library
+    "quantity": ((False, ("string",), "quantity"),),
+    "isQuantity": ((False, ("string",), "bool"),),
+    "sign": ((False, ("quantity",), "int"),),
+    "isGreaterThan": ((True, ("quantity", "quantity"), "bool"), (True, ("semver", "semver"), "bool")),
+    "isLessThan": ((True, ("quantity", "quantity"), "bool"), (True, ("semver", "semver"), "bool")),
+    "compareTo": ((True, ("quantity", "quantity"), "int"), (True, ("semver", "semver"), "int")),
+    "asApproximateFloat": ((True, ("quantity",), "double"),),
+    "asInteger": ((True, ("quantity",), "int"),),
+    "isInteger": ((True, ("quantity",), "bool"),),
+    "add": ((True, ("quantity", "quantity"), "quantity"), (True, ("quantity", "int"), "quantity")),
+    "sub": ((True, ("quantity", "quantity"), "quantity"), (True, ("quantity", "int"), "quantity")),
+    # semver library
+    "semver": ((False, ("string",), "semver"), (False, ("string", "bool"), "semver")),
+    "isSemver": ((False, ("string",), "bool"), (False, ("string", "bool"), "bool")),
+    "major": ((True, ("semver",), "int"),),
+    "minor": ((True, ("semver",), "int"),),
+    "patch": ((True, ("semver",), "int"),),
+    # regex library
+    "find": ((True, ("string", "string"), "string"),),
+    "findAll": ((True, ("string", "string"), "list"), (True, ("string", "string", "int"), "list")),
+    # strings extension v2
+    "charAt": ((True, ("string", "int"), "string"),),
+    "indexOf": ((True, ("string", "string"), "int"), (True, ("string", "string", "int"), "int"),
+                (True, ("list", "*"), "int")),
+    "lastIndexOf": ((True, ("string", "string"), "int"), (True, ("string", "string", "int"), "int"),
+                    (True, ("list", "*"), "int")),
+    "lowerAscii": ((True, ("string",), "string"),),
+    "upperAscii": ((True, ("string",), "string"),),
+    "replace": ((True, ("string", "string", "string"), "string"),
+                (True, ("string", "string", "string", "int"), "string")),
+    "split": ((True, ("string", "string"), "list"), (True, ("string", "string", "int"), "list")),
+    "substring": ((True, ("string", "int"), "string"), (True, ("string", "int", "int"), "string")),
+    "trim": ((True, ("string",), "string"),),
+    "join": ((True, ("list",), "string"), (True, ("list", "string"), "string")),
+    "format": ((True, ("string", "list"), "string"),),
+    "strings.quote": ((False, ("string",), "string"),),
+    # Kubernetes lists library
+    "isSorted": ((True, ("list",), "bool"),),
+    "sum": ((True, ("list",), "dyn"),),
+    "min": ((True, ("list",), "dyn"),),
+    "max": ((True, ("list",), "dyn"),),
+    # cel-go lists extension v3 and sets
+    "slice": ((True, ("list", "int", "int"), "list"),),
+    "flatten": ((True, ("list",), "list"), (True, ("list", "int"), "list")),
+    "distinct": ((True, ("list",), "list"),),
+    "reverse": ((True, ("list",), "list"),),
+    "sort": ((True, ("list",), "list"),),
+    "lists.range": ((False, ("int",), "list"),),
+    "sets.contains": ((False, ("list", "list"), "bool"),),
+    "sets.equivalent": ((False, ("list", "list"), "bool"),),
+    "sets.intersects": ((False, ("list", "list"), "bool"),),
+    # optional library
+    "optional.of": ((False, ("*",), "optional"),),
+    "optional.ofNonZeroValue": ((False, ("*",), "optional"),),
+    "optional.none": ((False, (), "optional"),),
+    "hasValue": ((True, ("optional",), "bool"),),
+    "value": ((True, ("optional",), "dyn"),),
+    "orValue": ((True, ("optional", "*"), "dyn"),),
+    "or": ((True, ("optional", "optional"), "optional"),),
+    "first": ((True, ("list",), "optional"),),
+    "last": ((True, ("list",), "optional"),),
+}
+# Present in the Kubernetes environment but not type-checked here (URL/IP/CIDR/format/time/authz).
+_UNCHECKED_FUNCTIONS = frozenset({
+    "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery", "ip", "isIP",
+    "ip.isCanonical", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast", "isLinkLocalUnicast",
+    "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR", "masked", "prefixLength", "format.named",
+    "format.dns1123Label", "format.dns1123Subdomain", "format.dns1035Label", "format.qualifiedName",
+    "format.dns1123LabelPrefix", "format.dns1123SubdomainPrefix", "format.dns1035LabelPrefix", "format.labelValue",
+    "format.uri", "format.uuid", "format.byte", "format.date", "format.datetime", "validate", "getFullYear",
+    "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds",
+    "getMilliseconds", "optMap", "optFlatMap", "optional.unwrap", "unwrapOpt",
+})
+_MACROS_1VAR = frozenset({"all", "exists", "exists_one", "map", "filter", "sortBy"})
+_MACROS_2VAR = frozenset({"all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry"})
+_REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})
+
+
+def _compatible(actual: str, expected: str) -> bool:
+    return expected == "*" or actual in ("dyn", expected)
+
+
+def _type_of_device_shape(t: T) -> str:
+    return {"device": "map", "attrs": "map", "attrmap": "map", "caps": "map", "capmap": "map"}.get(t.name, t.name)
+
+
+@dataclass
+class _Scope:
+    """Names bound by macros and cel.bind, with what they stand for."""
+
+    vars: dict[str, T] = field(default_factory=dict)
+
+    def child(self, **bindings: T) -> _Scope:
+        return _Scope({**self.vars, **bindings})
+
+
+_Fact = tuple[str, str, str]  # (kind, domain, name) known present
+
+
+class _Analyzer:
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.reads: list[AttributeRead] = []
+        self.issues: list[Issue] = []
+        self.optional_syntax = False
+        self.uses_bind = False
+        self.literal_domains: set[tuple[ReadKind, str]] = set()
+        self.parents: dict[int, Node] = {}
+
+    def column(self, offset: int) -> int:
+        start = self.src.rfind("\n", 0, offset) + 1
+        return offset - start + 1
+
+    def issue(self, offset: int, message: str) -> None:
+        self.issues.append(Issue(offset, message))
+
+    # -- type inference with reads ---------------------------------------------------------------
+
+    def visit(self, n: Node, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        """Returns (type, estimated cost) and records reads and issues."""
+        for c in children(n):
+            self.parents[id(c)] = n
+        if isinstance(n, Literal):
+            return self.literal_type(n), 0
+        if isinstance(n, Ident):
+            if n.name in scope.vars:
+                return scope.vars[n.name], 1
+            if n.name == "device":
+                return T("device"), 1
+            self.issue(n.offset, f"undeclared reference to '{n.name}'")
+            return DYN, 1
+        if isinstance(n, Select):
+            return self.visit_select(n, scope, facts)
+        if isinstance(n, Index):
+            return self.visit_index(n, scope, facts)
+        if isinstance(n, ListLit):
+            return self.visit_list(n, scope, facts)
+        if isinstance(n, MapLit):
+            return self.visit_map(n, scope, facts)
+        if isinstance(n, StructLit):
+            self.issue(n.offset, f"message literal '{n.type_name}' is not supported in device selectors")
+            return DYN, 1
+        assert isinstance(n, Call)
+        return self.visit_call(n, scope, facts)
+
+    @staticmethod
+    def literal_type(n: Literal) -> T:
+        if n.kind in ("string", "bytes"):
+            assert isinstance(n.value, str | bytes)
+            return T(n.kind, len(n.value))
+        return T(n.kind, 1)
+
+    def record(self, kind: ReadKind, domain: str, name: str, *, offset: int, guarded: bool,
+               facts: frozenset[_Fact], node: Node) -> None:
+        guarded = guarded or (kind, domain, name) in facts
+        self.reads.append(AttributeRead(kind, domain, name, guarded, self.column(offset), self.expected_type(node)))
+
+    def expected_type(self, node: Node) -> str | None:
+        if getattr(node, "optional", False) or getattr(node, "test_only", False):
+            return None
+        parent = self.parents.get(id(node))
+        if not isinstance(parent, Call):
+            return None
+        if parent.target is node and parent.function in _FUNCTIONS:
+            members = [o for o in _FUNCTIONS[parent.function] if o[0]]
+            kinds = {o[1][0] for o in members}
+            if len(kinds) == 1:
+                return kinds.pop()
+            if parent.args and isinstance(parent.args[0], Call) and parent.args[0].function in ("quantity", "semver"):
+                return parent.args[0].function
+            return None
+        if parent.function in ("_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_") and len(parent.args) == 2:
+            other = parent.args[1] if parent.args[0] is node else parent.args[0]
+            if isinstance(other, Literal) and other.kind != "null":
+                return other.kind
+            if isinstance(other, Call) and other.target is None and other.function in ("quantity", "semver"):
+                return other.function
+        return None
+
+    def visit_select(self, n: Select, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        if n.optional:
+            self.optional_syntax = True
+        base, cost = self.visit(n.operand, scope, facts)
+        cost += 0 if n.test_only else 1
+        result = self.member_of(base, n.field, n, literal=True, facts=facts, guarded=n.test_only or n.optional)
+        if n.test_only:
+            return BOOL, cost
+        if n.optional:
+            return T("optional"), cost
+        return result, cost
+
+    def visit_index(self, n: Index, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        if n.optional:
+            self.optional_syntax = True
+        base, cost = self.visit(n.operand, scope, facts)
+        key_t, key_cost = self.visit(n.index, scope, facts)
+        cost += key_cost + 1
+        if base.name in ("device", "attrs", "attrmap", "caps", "capmap") and key_t.name not in ("string", "dyn"):
+            self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(map(string, ...), "
+                                       f"{key_t.name})': keys of device maps are strings")
+        if isinstance(n.index, Literal) and isinstance(n.index.value, str):
+            result = self.member_of(base, n.index.value, n, literal=True, facts=facts, guarded=n.optional)
+        else:
+            dynamic_guard = n.optional or (isinstance(n.index, Ident) and scope.vars.get(n.index.name, DYN).domain
+                                           == f"key-of:{base.name}:{base.domain}")
+            result = self.member_of(base, "*", n, literal=False, facts=facts, guarded=dynamic_guard)
+            if base.name == "list" and key_t.name not in ("int", "uint", "dyn", "double"):
+                self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(list, {key_t.name})'")
+        return (T("optional") if n.optional else result), cost
+
+    def member_of(self, base: T, name: str, node: Node, *, literal: bool, facts: frozenset[_Fact],
+                  guarded: bool) -> T:
+        offset = node.offset
+        if base.name == "device":
+            if not literal:
+                return DYN
+            if name not in DEVICE_FIELDS:
+                self.issue(offset, f"undefined field '{name}' (device has {', '.join(DEVICE_FIELDS)})")
+                return DYN
+            return {"driver": T("string", MAX_DRIVER_SIZE), "attributes": T("attrs", MAX_MAP_ENTRIES),
+                    "capacity": T("caps", MAX_MAP_ENTRIES), "allowMultipleAllocations": BOOL}[name]
+        if base.name in ("attrs", "caps"):
+            if literal:
+                kind: ReadKind = "attribute" if base.name == "attrs" else "capacity"
+                self.literal_domains.add((kind, name))
+            return T("attrmap" if base.name == "attrs" else "capmap", MAX_MAP_ENTRIES, domain=name)
+        if base.name in ("attrmap", "capmap"):
+            kind = "attribute" if base.name == "attrmap" else "capacity"
+            self.record(kind, base.domain or "*", name, offset=offset, guarded=guarded, facts=facts, node=node)
+            return QUANTITY if kind == "capacity" else DYN
+        if base.name in ("map", "dyn"):
+            return DYN
+        if base.name == "optional":
+            return T("optional")
+        if base.name == "list" and not literal:
+            return T(base.elem, MAX_STRING_SIZE) if base.elem != "dyn" else DYN
+        if literal and base.name not in ("dyn", "map"):
+            self.issue(offset, f"type '{base.name}' does not support field selection")
+        return DYN
+
+    def visit_list(self, n: ListLit, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        cost: float = 10
+        elem_types: set[str] = set()
+        for i, e in enumerate(n.elements):
+            if n.optional and n.optional[i]:
+                self.optional_syntax = True
+            t, c = self.visit(e, scope, facts)
+            cost += c
+            elem_types.add("optional-elem" if (n.optional and n.optional[i]) else _type_of_device_shape(t))
+        concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
+        if len(concrete) > 1:
+            self.issue(n.offset, f"expected type '{sorted(concrete)[0]}' but found '{sorted(concrete)[1]}': "
+                                 "list literals must be homogeneous")
+        elem = concrete.pop() if len(concrete) == 1 and "dyn" not in elem_types else "dyn"
+        return T("list", len(n.elements), elem=elem), cost
+
+    def visit_map(self, n: MapLit, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        cost: float = 30
+        key_types: set[str] = set()
+        value_types: set[str] = set()
+        for e in n.entries:
+            if e.optional:
+                self.optional_syntax = True
+            kt, kc = self.visit(e.key, scope, facts)
+            vt, vc = self.visit(e.value, scope, facts)
+            cost += kc + vc
+            key_types.add(_type_of_device_shape(kt))
+            value_types.add(_type_of_device_shape(vt))
+        for kinds, what in ((key_types, "keys"), (value_types, "values")):
+            concrete = sorted(t for t in kinds if t not in ("dyn", "optional"))
+            if len(concrete) > 1:
+                self.issue(n.offset, f"expected type '{concrete[0]}' but found '{concrete[1]}': map literal "
+                                     f"{what} must be homogeneous")
+        return T("map", len(n.entries)), cost
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def visit_call(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        fn = n.function
+        if fn in ("_&&_", "_||_"):
+            return self.visit_logic(n, scope, facts)
+        if fn == "_?_:_":
+            cond, then, other = n.args
+            ct, cc = self.visit(cond, scope, facts)
+            self.expect_bool(cond, ct, "_?_:_")
+            pos, neg = _presence_facts(cond, scope)
+            tt, tc = self.visit(then, scope, facts | pos)
+            ot, oc = self.visit(other, scope, facts | neg)
+            same = _type_of_device_shape(tt) == _type_of_device_shape(ot)
+            result = tt if same else DYN
+            return result, cc + max(tc, oc)
+        if n.target is not None and isinstance(n.target, Ident) and n.target.name == "cel" and fn == "bind":
+            return self.visit_bind(n, scope, facts)
+        if n.target is not None and fn in (_MACROS_1VAR | _MACROS_2VAR) and n.args and isinstance(n.args[0], Ident):
+            macro = self.visit_macro(n, scope, facts)
+            if macro is not None:
+                return macro
+        qualified = _qualified_name(n)
+        if qualified is not None:
+            n = Call(n.offset, qualified, n.args, None)
+            fn = qualified
+        target_t: T | None = None
+        cost: float = 0
+        if n.target is not None:
+            target_t, cost = self.visit(n.target, scope, facts)
+        arg_types: list[T] = []
+        for a in n.args:
+            at, ac = self.visit(a, scope, facts)
+            arg_types.append(at)
+            cost += ac
+        if fn in _REGEX_FUNCTIONS:
+            self.check_regex(n)
+        return self.resolve(n, target_t, arg_types, cost)
+
+    def expect_bool(self, node: Node, t: T, fn: str) -> None:
+        if t.name not in ("bool", "dyn"):
+            self.issue(node.offset, f"found no matching overload for '{fn}' applied to '({t.name})': expected bool")
+
+    def visit_logic(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        operands = list(_flatten(n, n.function))
+        side = 0 if n.function == "_&&_" else 1
+        provided = [_presence_facts(op, scope)[side] for op in operands]
+        cost: float = 0
+        for i, op in enumerate(operands):
+            others = frozenset().union(*(p for j, p in enumerate(provided) if j != i))
+            t, c = self.visit(op, scope, facts | others)
+            self.expect_bool(op, t, n.function)
+            cost += c
+        return BOOL, cost + len(operands) - 1
+
+    def visit_bind(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+        self.uses_bind = True
+        if len(n.args) != 3 or not isinstance(n.args[0], Ident):
+            self.issue(n.offset, "cel.bind() takes an identifier, an initializer and an expression")
+            return DYN, 1
+        init_t, ic = self.visit(n.args[1], scope, facts)
+        body_t, bc = self.visit(n.args[2], scope.child(**{n.args[0].name: init_t}), facts)
+        return body_t, ic + bc
+
+    def visit_macro(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float] | None:
+        fn = n.function
+        three_args = len(n.args) == 3 and isinstance(n.args[1], Ident)
+        if fn in ("transformList", "transformMap", "transformMapEntry") or (
+                fn in ("all", "exists", "existsOne") and three_args):
+            two_var = True
+        elif fn in _MACROS_1VAR and len(n.args) in (2, 3):
+            two_var = False
+        else:
+            return None
+        assert n.target is not None
+        range_t, rc = self.visit(n.target, scope, facts)
+        if range_t.name not in ("list", "map", "dyn", "attrs", "attrmap", "caps", "capmap", "device"):
+            self.issue(n.target.offset, f"expression of type '{range_t.name}' cannot be the range of a "
+                                        "comprehension (must be list, map, or dynamic)")
+        size = min(range_t.size, _UNBOUNDED)
+        is_map = range_t.name in ("map", "attrs", "attrmap", "caps", "capmap", "device")
+        # the iteration variable: keys for maps, elements for lists
+        key_t = T("string", MAX_STRING_SIZE, domain=f"key-of:{range_t.name}:{range_t.domain}") if is_map else (
+            T(range_t.elem, MAX_STRING_SIZE) if range_t.elem != "dyn" else DYN)
+        names = [a.name for a in n.args if isinstance(a, Ident)]
+        bindings: dict[str, T] = {}
+        if two_var and len(names) >= 2:
+            bindings[names[0]] = key_t if is_map else INT
+            value_t = self.member_value_type(range_t) if is_map else key_t
+            bindings[names[1]] = value_t
+            body_args = n.args[2:]
+        elif not two_var and len(n.args) in (2, 3) and names:
+            bindings[names[0]] = key_t
+            body_args = n.args[1:]
+        else:
+            return None
+        inner = scope.child(**bindings)
+        body_cost: float = 0
+        body_types: list[T] = []
+        for b in body_args:
+            bt, bcost = self.visit(b, inner, facts)
+            body_types.append(bt)
+            body_cost += bcost
+        per_iteration = body_cost + 2
+        cost = rc + size * per_iteration + 2
+        if fn in ("all", "exists", "exists_one", "existsOne"):
+            self.expect_bool(body_args[0], body_types[0], fn)
+            return BOOL, cost
+        if fn == "filter":
+            return T("list", size, elem=range_t.elem), cost
+        if fn in ("map", "transformList"):
+            return T("list", size, elem=_type_of_device_shape(body_types[-1])), cost
+        return T("list" if fn == "sortBy" else "map", size), cost
+
+    @staticmethod
+    def member_value_type(range_t: T) -> T:
+        if range_t.name == "attrs":
+            return T("attrmap", MAX_MAP_ENTRIES, domain="*")
+        if range_t.name == "caps":
+            return T("capmap", MAX_MAP_ENTRIES, domain="*")
+        if range_t.name == "capmap":
+            return QUANTITY
+        return DYN
+
+    def check_regex(self, n: Call) -> None:
+        pattern_node = n.args[-1] if n.target is None and n.function == "matches" else (n.args[0] if n.args else None)
+        if isinstance(pattern_node, Literal) and isinstance(pattern_node.value, str):
+            error = regex_error(pattern_node.value)
+            if error:
+                self.issue(pattern_node.offset, error)
+
+    def resolve(self, n: Call, target_t: T | None, arg_types: list[T], cost: float) -> tuple[T, float]:
+        fn = n.function
+        if fn.startswith(("_", "@", "!", "-")) and fn in _OPERATOR_RESULT:
+            return self.resolve_operator(n, arg_types, cost)
+        if fn == "_[_]":
+            return DYN, cost + 1
+        receiver = (_type_of_device_shape(target_t),) if target_t is not None else ()
+        shapes = receiver + tuple(_type_of_device_shape(t) for t in arg_types)
+        overloads = _FUNCTIONS.get(fn)
+        if overloads is None:
+            if fn in _UNCHECKED_FUNCTIONS or fn in _MACROS_1VAR | _MACROS_2VAR:
+                return DYN, cost + 1
+            self.issue(n.offset, f"undeclared reference to '{fn}'")
+            return DYN, cost + 1
+        member = target_t is not None
+        style_match = [o for o in overloads if o[0] == member and len(o[1]) == len(shapes)]
+        matching = [o for o in style_match if all(_compatible(a, e) for a, e in zip(shapes, o[1], strict=True))]
+        if not matching:
+            applied = ", ".join(shapes)
+            where = f"'{applied}'" if not member else f"'{shapes[0]}.({', '.join(shapes[1:])})'"
+            self.issue(n.offset, f"found no matching overload for '{fn}' applied to {where}")
+            return DYN, cost + 1
+        results = {o[2] for o in matching}
+        result = T(results.pop()) if len(results) == 1 else DYN
+        if result.name == "list" and fn in ("split", "findAll") and target_t is not None:
+            result = T("list", min(target_t.size, MAX_STRING_SIZE * 4), elem="string")
+        if result.name == "string" and target_t is not None:
+            result = T("string", target_t.size)
+        return result, cost + self.call_cost(fn, target_t, arg_types)
+
+    @staticmethod
+    def call_cost(fn: str, target_t: T | None, arg_types: list[T]) -> float:
+        if fn in ("contains", "startsWith", "endsWith", "matches", "find", "findAll", "split", "replace",
+                  "indexOf", "lastIndexOf", "lowerAscii", "upperAscii", "trim", "join"):
+            size = target_t.size if target_t is not None else (arg_types[0].size if arg_types else 1)
+            return 1 + math.ceil(min(size, _UNBOUNDED) * 0.1)
+        return 1
+
+    def resolve_operator(self, n: Call, arg_types: list[T], cost: float) -> tuple[T, float]:
+        fn = n.function
+        shapes = [_type_of_device_shape(t) for t in arg_types]
+        known = [s for s in shapes if s != "dyn"]
+        bad = False
+        if fn in ("_==_", "_!=_"):
+            bad = len(known) == 2 and known[0] != known[1] and "null" not in known
+            if not bad and all(s in ("string", "bytes") for s in shapes):
+                return BOOL, cost + max(1, math.ceil(min(t.size for t in arg_types) * 0.1))
+        elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
+            bad = any(s not in _COMPARABLE for s in known) or (
+                len(known) == 2 and known[0] != known[1] and not (known[0] in _NUMERIC and known[1] in _NUMERIC))
+        elif fn in ("_+_",):
+            bad = any(s not in (*_NUMERIC, "string", "bytes", "list", "timestamp", "duration") for s in known) or (
+                len(known) == 2 and known[0] != known[1] and {known[0], known[1]} != {"timestamp", "duration"})
+        elif fn in ("_-_", "_*_", "_/_", "_%_"):
+            allowed = _NUMERIC if fn != "_-_" else (*_NUMERIC, "timestamp", "duration")
+            bad = any(s not in allowed for s in known) or (
+                len(known) == 2 and known[0] != known[1] and fn != "_-_")
+        elif fn == "!_":
+            bad = bool(known) and known[0] != "bool"
+        elif fn == "-_":
+            bad = bool(known) and known[0] not in ("int", "double", "duration")
+        elif fn == "@in":
+            bad = len(shapes) == 2 and shapes[1] not in ("list", "map", "dyn")
+        if bad:
+            self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({', '.join(shapes)})'")
+            return DYN, cost + 1
+        result = _OPERATOR_RESULT[fn]
+        if result == "same":
+            first = next((t for t in arg_types if t.name != "dyn"), DYN)
+            if fn == "_+_" and first.name in ("string", "list"):
+                return T(first.name, sum(min(t.size, _UNBOUNDED) for t in arg_types), elem=first.elem), cost + 1
+            return T(_type_of_device_shape(first)), cost + 1
+        return T(result, 1), cost + 1
+
+
+_OPERATOR_RESULT = {
+    "_==_": "bool", "_!=_": "bool", "_<_": "bool", "_<=_": "bool", "_>_": "bool", "_>=_": "bool", "@in": "bool",
+    "!_": "bool", "_+_": "same", "_-_": "same", "_*_": "same", "_/_": "same", "_%_": "same", "-_": "same",
+}
+
+
+def _qualified_name(n: Call) -> str | None:
+    """`strings.quote(x)`, `sets.contains(a, b)`, `optional.of(x)`, `lists.range(n)` parse as member calls."""
+    if isinstance(n.target, Ident) and n.target.name in ("strings", "sets", "optional", "lists", "format", "ip"):
+        name = f"{n.target.name}.{n.function}"
+        if name in _FUNCTIONS or name in _UNCHECKED_FUNCTIONS:
+            return name
+    return None
+
+
+def _flatten(n: Node, op: str) -> Iterator[Node]:
+    if isinstance(n, Call) and n.function == op and n.target is None:
+        for a in n.args:
+            yield from _flatten(a, op)
+    else:
+        yield n
+
+
+def _domain_map(n: Node, scope: _Scope) -> tuple[str, str] | None:
+    """(kind, domain) when n denotes device.attributes[D] / device.capacity[D] with a literal D."""
+    operand: Node
+    if isinstance(n, Ident):
+        t = scope.vars.get(n.name)
+        if t is not None and t.name in ("attrmap", "capmap") and t.domain:
+            return ("attribute" if t.name == "attrmap" else "capacity"), t.domain
+        return None
+    if isinstance(n, Select) and not n.optional and not n.test_only:
+        operand, key = n.operand, n.field
+    elif isinstance(n, Index) and not n.optional and isinstance(n.index, Literal) and isinstance(n.index.value, str):
+        operand, key = n.operand, n.index.value
+    else:
+        return None
+    root = _device_map(operand, scope)
+    return (root, key) if root else None
+
+
+def _device_map(n: Node, scope: _Scope) -> str | None:
+    if isinstance(n, Ident):
+        t = scope.vars.get(n.name)
+        if t is not None and t.name in ("attrs", "caps"):
+            return "attribute" if t.name == "attrs" else "capacity"
+        return None
+    if isinstance(n, Select) and n.field in ("attributes", "capacity") and isinstance(n.operand, Ident) and (
+            n.operand.name == "device" and "device" not in scope.vars):
+        return "attribute" if n.field == "attributes" else "capacity"
+    return None
+
+
+def _presence_test(n: Node, scope: _Scope) -> _Fact | None:
+    if isinstance(n, Select) and n.test_only:
+        dm = _domain_map(n.operand, scope)
+        if dm:
+            return dm[0], dm[1], n.field
+    if isinstance(n, Call) and n.function == "@in" and isinstance(n.args[0], Literal) and isinstance(
+            n.args[0].value, str):
+        dm = _domain_map(n.args[1], scope)
+        if dm:
+            return dm[0], dm[1], n.args[0].value
+    return None
+
+
+def _presence_facts(n: Node, scope: _Scope) -> tuple[frozenset[_Fact], frozenset[_Fact]]:
+    """(facts true when n is true, facts true when n is false)."""
+    fact = _presence_test(n, scope)
+    if fact:
+        return frozenset({fact}), frozenset()
+    if isinstance(n, Call) and n.function == "!_" and n.target is None:
+        pos, neg = _presence_facts(n.args[0], scope)
+        return neg, pos
+    if isinstance(n, Call) and n.function == "_&&_" and n.target is None:
+        when_true: frozenset[_Fact] = frozenset().union(*(_presence_facts(a, scope)[0] for a in _flatten(n, "_&&_")))
+        return when_true, frozenset()
+    if isinstance(n, Call) and n.function == "_||_" and n.target is None:
+        when_false: frozenset[_Fact] = frozenset().union(*(_presence_facts(a, scope)[1] for a in _flatten(n, "_||_")))
+        return frozenset(), when_false
+    return frozenset(), frozenset()
+
+
+def regex_error(pattern: str) -> str:
+    """RE2 syntax check, as cel-go's regex literal validator does at compile time ("" if valid)."""
+    from driver.cel.library import compiled_regex
+
+    try:
+        compiled_regex(pattern)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def analyze(src: str, ast: Node) -> Analysis:
+    a = _Analyzer(src)
+    result, cost = a.visit(ast, _Scope(), frozenset())
+    result_name = _type_of_device_shape(result)
+    if result_name not in ("bool", "dyn"):
+        a.issue(ast.offset, f"must evaluate to bool or the unknown type, not {result_name}")
+    cost_int = int(min(cost, 1 << 62))
+    return Analysis(
+        reads=tuple(a.reads),
+        result_type=result_name,
+        estimated_cost=cost_int,
+        issues=tuple(a.issues),
+        uses_optional_syntax=a.optional_syntax,
+        uses_bind=a.uses_bind,
+        literal_domains=frozenset(a.literal_domains),
+    )

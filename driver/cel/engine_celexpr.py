@@ -1,0 +1,308 @@
+"""CEL engine on cel-expr-python (Google's cel-cpp): a real type checker and fast evaluation.
+
+Quantity and Semver cannot cross the binding as Python objects, so they travel as protobuf
+messages of a descriptor built at import time. A message must hold a normalized exact value,
+because cel-cpp's `==` on messages compares fields: a Quantity carries its reduced fraction,
+a Semver its numbers and prerelease (build metadata is ignored by semver equality anyway).
+
+Two rewrites bridge what cel-cpp cannot express (see rewrite_for_celexpr):
+- Kubernetes returns an empty map for an unknown attribute/capacity domain; cel-cpp errors.
+- Kubernetes allows relational operators across int/uint/double; cel-cpp's checker does not.
+
+Evaluation is thread-safe (compiled cel-cpp programs are immutable; each call gets its own
+activation) but holds the GIL.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from driver.cel import library
+from driver.cel.analysis import Analysis
+from driver.cel.device import DeviceView
+from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.cel.semver import Version
+from driver.cel.syntax import Call, Index, Literal, MapLit, Node, Select, map_children, unparse
+
+_FILE = "tessera/cel/kubernetes_types.proto"
+
+
+def _build_messages() -> tuple[descriptor_pool.DescriptorPool, Any, Any]:
+    fdp = descriptor_pb2.FileDescriptorProto(name=_FILE, package="kubernetes", syntax="proto3")
+    string_t = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+    uint_t = descriptor_pb2.FieldDescriptorProto.TYPE_UINT64
+    optional_label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    q = fdp.message_type.add(name="Quantity")
+    q.field.add(name="numerator", number=1, type=string_t, label=optional_label)
+    q.field.add(name="denominator", number=2, type=string_t, label=optional_label)
+    s = fdp.message_type.add(name="Semver")
+    for i, name in enumerate(("major", "minor", "patch"), start=1):
+        s.field.add(name=name, number=i, type=uint_t, label=optional_label)
+    s.field.add(name="prerelease", number=4, type=string_t, label=optional_label)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    quantity_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("kubernetes.Quantity"))
+    semver_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("kubernetes.Semver"))
+    return pool, quantity_cls, semver_cls
+
+
+_POOL, QuantityMsg, SemverMsg = _build_messages()
+_QT = cel.Type("kubernetes.Quantity")
+_ST = cel.Type("kubernetes.Semver")
+
+
+def quantity_to_msg(q: Quantity) -> Any:
+    f = q.fraction()
+    return QuantityMsg(numerator=str(f.numerator), denominator=str(f.denominator))
+
+
+def quantity_from_msg(m: Any) -> Quantity:
+    """Rebuild a Quantity from its exact value (Go's internal representation is not carried)."""
+    f = Fraction(int(m.numerator), int(m.denominator))
+    if f.denominator == 1 and INT64_MIN <= f.numerator <= INT64_MAX:
+        return Quantity(int_amount=(f.numerator, 0))
+    scale = 0
+    while (f * 10**scale).denominator != 1:
+        scale += 1
+    return Quantity(dec_amount=(int(f * 10**scale), scale))
+
+
+def semver_to_msg(v: Version) -> Any:
+    return SemverMsg(major=v.major, minor=v.minor, patch=v.patch, prerelease=".".join(p.text for p in v.pre))
+
+
+def semver_from_msg(m: Any) -> Version:
+    text = f"{m.major}.{m.minor}.{m.patch}" + (f"-{m.prerelease}" if m.prerelease else "")
+    return Version.parse(text)
+
+
+def _to_py(value: Any) -> Any:
+    if isinstance(value, QuantityMsg):
+        return quantity_from_msg(value)
+    if isinstance(value, SemverMsg):
+        return semver_from_msg(value)
+    if isinstance(value, list):
+        return [_to_py(v) for v in value]
+    return value
+
+
+def _to_cel(value: Any) -> Any:
+    if isinstance(value, Quantity):
+        return quantity_to_msg(value)
+    if isinstance(value, Version):
+        return semver_to_msg(value)
+    if isinstance(value, list):
+        return [_to_cel(v) for v in value]
+    return value
+
+
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        return _to_cel(fn(*(_to_py(a) for a in args)))
+    return call
+
+
+def _ov(overload_id: str, result: Any, params: list[Any], fn: Callable[..., Any] | None, member: bool = False) -> Any:
+    if fn is None:
+        return cel.Overload(overload_id, result, params, is_member=member)
+    return cel.Overload(overload_id, result, params, is_member=member, impl=_wrap(fn))
+
+
+def _declarations() -> list[Any]:
+    t = cel.Type
+    dyn_list = t.List(t.DYN)
+    str_list = t.List(t.STRING)
+    # cel-cpp dispatches on value kinds: Quantity and Semver are both messages, so the comparison
+    # functions get a single implementation (on the quantity overload) that dispatches in Python.
+    return [
+        cel.FunctionDecl("quantity", [_ov("string_to_quantity", _QT, [t.STRING], library.quantity_from_string)]),
+        cel.FunctionDecl("isQuantity", [_ov("is_quantity_string", t.BOOL, [t.STRING], library.is_quantity)]),
+        cel.FunctionDecl("sign", [_ov("quantity_sign", t.INT, [_QT], Quantity.sign)]),
+        cel.FunctionDecl("isGreaterThan", [
+            _ov("quantity_is_greater_than", t.BOOL, [_QT, _QT], lambda a, b: library.compare(a, b) == 1, True),
+            _ov("semver_is_greater_than", t.BOOL, [_ST, _ST], None, True)]),
+        cel.FunctionDecl("isLessThan", [
+            _ov("quantity_is_less_than", t.BOOL, [_QT, _QT], lambda a, b: library.compare(a, b) == -1, True),
+            _ov("semver_is_less_than", t.BOOL, [_ST, _ST], None, True)]),
+        cel.FunctionDecl("compareTo", [
+            _ov("quantity_compare_to", t.INT, [_QT, _QT], library.compare, True),
+            _ov("semver_compare_to", t.INT, [_ST, _ST], None, True)]),
+        cel.FunctionDecl("asApproximateFloat", [
+            _ov("quantity_get_float", t.DOUBLE, [_QT], Quantity.as_approximate_float, True)]),
+        cel.FunctionDecl("asInteger", [_ov("quantity_get_int", t.INT, [_QT], library.quantity_as_integer, True)]),
+        cel.FunctionDecl("isInteger", [
+            _ov("quantity_is_integer", t.BOOL, [_QT], lambda q: q.as_int64() is not None, True)]),
+        cel.FunctionDecl("add", [
+            _ov("quantity_add", _QT, [_QT, _QT], Quantity.add, True),
+            _ov("quantity_add_int", _QT, [_QT, t.INT], library.quantity_add_int, True)]),
+        cel.FunctionDecl("sub", [
+            _ov("quantity_sub", _QT, [_QT, _QT], Quantity.sub, True),
+            _ov("quantity_sub_int", _QT, [_QT, t.INT], library.quantity_sub_int, True)]),
+        cel.FunctionDecl("semver", [
+            _ov("string_to_semver", _ST, [t.STRING], library.semver_from_string),
+            _ov("string_bool_to_semver", _ST, [t.STRING, t.BOOL], library.semver_from_string)]),
+        cel.FunctionDecl("isSemver", [
+            _ov("is_semver_string", t.BOOL, [t.STRING], library.is_semver),
+            _ov("is_semver_string_bool", t.BOOL, [t.STRING, t.BOOL], library.is_semver)]),
+        cel.FunctionDecl("major", [_ov("semver_major", t.INT, [_ST], Version.cel_major, True)]),
+        cel.FunctionDecl("minor", [_ov("semver_minor", t.INT, [_ST], Version.cel_minor, True)]),
+        cel.FunctionDecl("patch", [_ov("semver_patch", t.INT, [_ST], Version.cel_patch, True)]),
+        cel.FunctionDecl("find", [_ov("string_find_string", t.STRING, [t.STRING, t.STRING], library.regex_find, True)]),
+        cel.FunctionDecl("findAll", [
+            _ov("string_find_all_string", str_list, [t.STRING, t.STRING], library.regex_find_all, True),
+            _ov("string_find_all_string_int", str_list, [t.STRING, t.STRING, t.INT], library.regex_find_all, True)]),
+        cel.FunctionDecl("isSorted", [_ov("list_is_sorted", t.BOOL, [dyn_list], library.list_is_sorted, True)]),
+        cel.FunctionDecl("sum", [_ov("list_sum", t.DYN, [dyn_list], _list_sum, True)]),
+        cel.FunctionDecl("min", [_ov("list_min", t.DYN, [dyn_list], library.list_min, True)]),
+        cel.FunctionDecl("max", [_ov("list_max", t.DYN, [dyn_list], library.list_max, True)]),
+        cel.FunctionDecl("distinct", [_ov("list_distinct", dyn_list, [dyn_list], library.lists_distinct, True)]),
+        cel.FunctionDecl("flatten", [
+            _ov("list_flatten", dyn_list, [dyn_list], library.lists_flatten, True),
+            _ov("list_flatten_int", dyn_list, [dyn_list, t.INT], library.lists_flatten, True)]),
+        cel.FunctionDecl("slice", [_ov("list_slice", dyn_list, [dyn_list, t.INT, t.INT], library.lists_slice, True)]),
+        cel.FunctionDecl("sort", [_ov("list_sort", dyn_list, [dyn_list], library.lists_sort, True)]),
+        cel.FunctionDecl("reverse", [_ov("list_reverse", dyn_list, [dyn_list], lambda v: list(reversed(v)), True)]),
+        cel.FunctionDecl("lists.range", [_ov("lists_range", t.List(t.INT), [t.INT], library.lists_range)]),
+        cel.FunctionDecl("sets.contains", [
+            _ov("list_sets_contains_list", t.BOOL, [dyn_list, dyn_list], library.sets_contains)]),
+        cel.FunctionDecl("sets.equivalent", [
+            _ov("list_sets_equivalent_list", t.BOOL, [dyn_list, dyn_list], library.sets_equivalent)]),
+        cel.FunctionDecl("sets.intersects", [
+            _ov("list_sets_intersects_list", t.BOOL, [dyn_list, dyn_list], library.sets_intersects)]),
+    ]
+
+
+def _list_sum(items: list[Any]) -> Any:
+    if not items:
+        return 0
+    if not all(type(i) is type(items[0]) and not isinstance(i, bool | str) for i in items):
+        raise TypeError("no such overload")
+    total = sum(items)
+    if isinstance(total, int) and not INT64_MIN <= total <= INT64_MAX:
+        raise OverflowError("integer overflow")
+    return total
+
+
+_ENV_LOCK = threading.Lock()
+_ENV: dict[str, Any] = {}
+
+
+def _env() -> Any:
+    with _ENV_LOCK:
+        if "env" not in _ENV:
+            _ENV["env"] = cel.NewEnv(
+                _POOL,
+                variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
+                functions=_declarations(),
+                extensions=[ext_bindings.ExtBindings(), ext_optional.ExtOptional(), ext_strings.ExtStrings(2)],
+            )
+        return _ENV["env"]
+
+
+_RELATIONAL = frozenset({"_<_", "_<=_", "_>_", "_>=_"})
+
+
+def _is_device_map(n: Node) -> bool:
+    return (isinstance(n, Select) and not n.optional and not n.test_only and n.field in ("attributes", "capacity")
+            and getattr(n.operand, "name", None) == "device")
+
+
+def rewrite_for_celexpr(ast: Node) -> Node:
+    """Bridge the two places where cel-cpp and Kubernetes differ (module docstring)."""
+    def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
+        # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
+        # the checker from typing the result as the literal's map(T, U)
+        found = Index(offset, domain_map, key, optional=True)
+        return Call(offset, "dyn", (Call(offset, "orValue", (MapLit(offset, ()),), found),))
+
+    def visit(n: Node) -> Node:
+        if isinstance(n, Select) and _is_device_map(n.operand):
+            key: Node = Literal(n.offset, "string", n.field)
+            if n.test_only:
+                return Literal(n.offset, "bool", True)  # has() on a domain: Find() always reports found
+            if n.optional:
+                return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
+            return empty_domain(n.operand, key, n.offset)
+        if isinstance(n, Index) and _is_device_map(n.operand):
+            key = visit(n.index)
+            if n.optional:
+                return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
+            return empty_domain(n.operand, key, n.offset)
+        if isinstance(n, Call) and n.function in _RELATIONAL and n.target is None:
+            left, right = (visit(a) for a in n.args)
+            return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
+        return map_children(n, visit)
+
+    return visit(ast)
+
+
+_ERROR_RE = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
+_MIXED_NUMERIC = re.compile(r"found no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), "
+                            r"(int|uint|double)\)'")
+
+
+def _compile_errors(err: Exception) -> list[tuple[int, int, str]]:
+    found = [(int(m.group(1)), int(m.group(2)), m.group(3).strip()) for m in _ERROR_RE.finditer(str(err))]
+    return found or [(1, 0, str(err).strip())]
+
+
+class CelExprProgram:
+    def __init__(self, expression: Any) -> None:
+        self._expression = expression
+
+    def evaluate(self, device: DeviceView) -> object:
+        data = device._cache.get("celexpr")
+        if data is None:
+            data = device._cache.setdefault("celexpr", {"device": _device_data(device)})
+        try:
+            result = self._expression.eval(data=data)
+        except Exception as e:  # the binding raises for values it cannot convert
+            raise CelRuntimeError(str(e)) from e
+        if result.type() == cel.Type.ERROR:
+            raise CelRuntimeError(_runtime_message(str(result.value())))
+        return _to_py(result.value())
+
+
+def _runtime_message(text: str) -> str:
+    text = re.sub(r"^[A-Z_]+: ", "", text)
+    m = re.match(r'Key not found in map : "?(.*?)"?$', text)
+    return f"no such key: {m.group(1)}" if m else text
+
+
+def _device_data(device: DeviceView) -> Mapping[str, Any]:
+    return {
+        "driver": device.driver,
+        "attributes": {d: {k: _to_cel(v) for k, v in attrs.items()} for d, attrs in device.attributes.items()},
+        "capacity": {d: {k: quantity_to_msg(v) for k, v in caps.items()} for d, caps in device.capacity.items()},
+        "allowMultipleAllocations": device.allow_multiple_allocations,
+    }
+
+
+class CelExprEngine:
+    name = "celexpr"
+
+    def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelExprProgram:
+        env = _env()
+        try:
+            env.compile(expression)
+        except RuntimeError as e:
+            real = [err for err in _compile_errors(e) if not _MIXED_NUMERIC.search(err[2])]
+            if real:
+                line, column, message = real[0]
+                raise CelCompileError(expression, column, message, line=line) from None
+        rewritten = unparse(rewrite_for_celexpr(ast))
+        try:
+            compiled = env.compile(rewritten)
+        except RuntimeError as e:
+            _, _, message = _compile_errors(e)[0]
+            raise CelCompileError(expression, 0, message) from None
+        return CelExprProgram(compiled)

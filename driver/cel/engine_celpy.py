@@ -1,0 +1,336 @@
+"""CEL engine on cel-python (`celpy`, pure Python): the fallback where cel-expr-python wheels are missing.
+
+celpy has no type checker (tessera's own analysis supplies the static checks), no optional
+syntax, no `cel.bind` and no strings extension. This adapter:
+- rewrites `cel.bind(v, init, body)` into the equivalent `[init].map(v, body)[0]` (cel-go also
+  evaluates the initializer eagerly, once),
+- maps `strings.quote`, `sets.*` and `lists.range` to plain functions,
+- supplies the Kubernetes quantity/semver/regex/lists libraries and the strings extension,
+- reproduces Go's equality rules (Quantity/Semver `==` is "no such overload" unless the right
+  side has the same Go type, and add()/sub() results are pointers that never compare equal),
+- allows relational operators across int/uint/double, as Kubernetes enables,
+- returns an empty map for an unknown attribute/capacity domain (the scheduler's Find()).
+Optional syntax (`.?`, `[?]`, `optional.*`) and two-variable comprehensions are rejected at
+compile time with a message naming the engine.
+
+Evaluation is thread-safe: each evaluate() builds its own Evaluator; compilation (celpy's
+Environment.program stores the last program on the environment) runs under a lock.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import celpy
+from celpy import celtypes
+from celpy.evaluation import CELEvalError, base_functions
+
+from driver.cel import library
+from driver.cel.analysis import Analysis
+from driver.cel.device import DeviceView
+from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.cel.semver import Version
+from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select, map_children, unparse
+
+_QUALIFIED = {"strings.quote": "strings_quote", "sets.contains": "sets_contains",
+              "sets.equivalent": "sets_equivalent", "sets.intersects": "sets_intersects", "lists.range": "lists_range"}
+_UNSUPPORTED_MACROS = {"existsOne", "transformList", "transformMap", "transformMapEntry", "sortBy"}
+
+
+class ComputedQuantity(Quantity):
+    """The result of add()/sub(): a Go *Quantity, which Quantity.Equal never accepts as its argument."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, q: Quantity) -> ComputedQuantity:
+        out = cls.__new__(cls)
+        out._int, out._dec, out.format, out._s = q._int, q._dec, q.format, ""
+        return out
+
+
+class DomainMap(celtypes.MapType):
+    """device.attributes / device.capacity: an unknown domain reads as an empty map, `in` stays exact."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if not super().__contains__(key):
+            return celtypes.MapType({})
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key]
+
+
+def _to_cel(value: Any) -> Any:
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int):
+        return celtypes.IntType(value)
+    if isinstance(value, str):
+        return celtypes.StringType(value)
+    if isinstance(value, list):
+        return celtypes.ListType([_to_cel(v) for v in value])
+    return value  # Quantity and Version travel as opaque Python objects
+
+
+def _from_cel(value: Any) -> Any:
+    if isinstance(value, celtypes.BoolType):
+        return bool(value)
+    if isinstance(value, celtypes.IntType | celtypes.UintType):
+        return int(value)
+    if isinstance(value, celtypes.DoubleType):
+        return float(value)
+    if isinstance(value, celtypes.StringType):
+        return str(value)
+    if isinstance(value, celtypes.ListType):
+        return [_from_cel(v) for v in value]
+    if isinstance(value, celtypes.MapType):
+        return {_from_cel(k): _from_cel(v) for k, v in value.items()}
+    return value
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Adapt a library function: plain Python in, CEL values out, failures as CEL errors."""
+    def call(*args: Any) -> Any:
+        for a in args:
+            if isinstance(a, CELEvalError):
+                return a
+        try:
+            return _to_cel(fn(*(_from_cel(a) for a in args)))
+        except (ValueError, TypeError, IndexError, OverflowError) as e:
+            return CELEvalError(str(e), e.__class__, e.args)
+    return call
+
+
+def _expect(kind: type | tuple[type, ...], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Receiver type check: celpy dispatches by name only, Kubernetes by declared overload."""
+    def call(receiver: Any, *args: Any) -> Any:
+        if not isinstance(receiver, kind):
+            raise TypeError("no such overload")
+        return fn(receiver, *args)
+    return call
+
+
+def _int64(v: int) -> int:
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise OverflowError("integer overflow")
+    return v
+
+
+def _q_add(q: Quantity, other: Quantity | int) -> Quantity:
+    if isinstance(other, Quantity):
+        return ComputedQuantity.of(q.add(other))
+    return ComputedQuantity.of(library.quantity_add_int(q, other))
+
+
+def _q_sub(q: Quantity, other: Quantity | int) -> Quantity:
+    if isinstance(other, Quantity):
+        return ComputedQuantity.of(q.sub(other))
+    return ComputedQuantity.of(library.quantity_sub_int(q, other))
+
+
+def _go_equal(a: Any, b: Any) -> Any:
+    """cel-go's lhs.Equal(rhs) for the Kubernetes types, celpy's equality otherwise."""
+    if isinstance(a, CELEvalError):
+        return a
+    if isinstance(b, CELEvalError):
+        return b
+    if isinstance(a, Quantity):
+        if not isinstance(b, Quantity) or isinstance(b, ComputedQuantity):
+            return CELEvalError("no such overload", TypeError, ())
+        return celtypes.BoolType(a.cmp(b) == 0)
+    if isinstance(a, Version):
+        if not isinstance(b, Version):
+            return CELEvalError("no such overload", TypeError, ())
+        return celtypes.BoolType(a.compare(b) == 0)
+    if isinstance(b, Quantity | Version):
+        return celtypes.BoolType(False)
+    if _numeric(a) and _numeric(b):
+        return celtypes.BoolType(float(a) == float(b) if isinstance(a, float) or isinstance(b, float) else a == b)
+    if type(a) is not type(b) and not (isinstance(a, celtypes.MapType) and isinstance(b, celtypes.MapType)):
+        return celtypes.BoolType(False)
+    return base_functions["_==_"](a, b)
+
+
+def _go_not_equal(a: Any, b: Any) -> Any:
+    eq = _go_equal(a, b)
+    return eq if isinstance(eq, CELEvalError) else celtypes.BoolType(not eq)
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, celtypes.IntType | celtypes.UintType | celtypes.DoubleType) and not isinstance(
+        v, celtypes.BoolType)
+
+
+def _relational(name: str, op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
+    original = base_functions[name]
+
+    def call(a: Any, b: Any) -> Any:
+        if isinstance(a, CELEvalError):
+            return a
+        if isinstance(b, CELEvalError):
+            return b
+        if isinstance(a, Quantity | Version) or isinstance(b, Quantity | Version):
+            return CELEvalError("no such overload", TypeError, ())
+        if _numeric(a) and _numeric(b) and type(a) is not type(b):
+            # exact comparison across int/uint/double; NaN compares false with everything
+            if any(isinstance(x, float) and math.isnan(x) for x in (a, b)):
+                return celtypes.BoolType(False)
+            return celtypes.BoolType(op(Fraction(a), Fraction(b)))
+        return original(a, b)
+    return call
+
+
+def _functions() -> dict[str, Any]:
+    q, v = Quantity, Version
+    lib = library
+    fns: dict[str, Callable[..., Any]] = {
+        "quantity": lib.quantity_from_string,
+        "isQuantity": lib.is_quantity,
+        "sign": _expect(q, Quantity.sign),
+        "isGreaterThan": _expect((q, v), lambda a, b: lib.compare(a, b) == 1),
+        "isLessThan": _expect((q, v), lambda a, b: lib.compare(a, b) == -1),
+        "compareTo": _expect((q, v), lib.compare),
+        "asApproximateFloat": _expect(q, Quantity.as_approximate_float),
+        "asInteger": _expect(q, lib.quantity_as_integer),
+        "isInteger": _expect(q, lambda x: x.as_int64() is not None),
+        "add": _expect(q, _q_add),
+        "sub": _expect(q, _q_sub),
+        "semver": lib.semver_from_string,
+        "isSemver": lib.is_semver,
+        "major": _expect(v, Version.cel_major),
+        "minor": _expect(v, Version.cel_minor),
+        "patch": _expect(v, Version.cel_patch),
+        "find": _expect(str, lib.regex_find),
+        "findAll": _expect(str, lib.regex_find_all),
+        "isSorted": _expect(list, lib.list_is_sorted),
+        "sum": _expect(list, lambda items: _int64(sum(items)) if all(isinstance(i, int) for i in items)
+                       else sum(items)),
+        "min": _expect(list, lib.list_min),
+        "max": _expect(list, lib.list_max),
+        "indexOf": lambda r, *a: lib.list_index_of(r, *a) if isinstance(r, list) else lib.string_index_of(r, *a),
+        "lastIndexOf": lambda r, *a: (lib.list_last_index_of(r, *a) if isinstance(r, list)
+                                      else lib.string_last_index_of(r, *a)),
+        "distinct": _expect(list, lib.lists_distinct),
+        "flatten": _expect(list, lib.lists_flatten),
+        "slice": _expect(list, lib.lists_slice),
+        "sort": _expect(list, lib.lists_sort),
+        "reverse": _expect(list, lambda items: list(reversed(items))),
+        "lists_range": lib.lists_range,
+        "sets_contains": lib.sets_contains,
+        "sets_equivalent": lib.sets_equivalent,
+        "sets_intersects": lib.sets_intersects,
+        "charAt": _expect(str, lib.string_char_at),
+        "lowerAscii": _expect(str, lib.string_lower_ascii),
+        "upperAscii": _expect(str, lib.string_upper_ascii),
+        "replace": _expect(str, lib.string_replace),
+        "split": _expect(str, lib.string_split),
+        "substring": _expect(str, lib.string_substring),
+        "trim": _expect(str, lib.string_trim),
+        "join": _expect(list, lib.string_join),
+        "strings_quote": lib.strings_quote,
+    }
+    out: dict[str, Any] = {name: _guard(fn) for name, fn in fns.items()}
+    out["_==_"] = _go_equal
+    out["_!=_"] = _go_not_equal
+    out["_<_"] = _relational("_<_", lambda a, b: a < b)
+    out["_<=_"] = _relational("_<=_", lambda a, b: a <= b)
+    out["_>_"] = _relational("_>_", lambda a, b: a > b)
+    out["_>=_"] = _relational("_>=_", lambda a, b: a >= b)
+    return out
+
+
+_FUNCTIONS = _functions()
+
+
+def rewrite_for_celpy(expression: str, ast: Node) -> Node:
+    """cel.bind and qualified function names in forms celpy understands; reject what it cannot run."""
+    def visit(n: Node) -> Node:
+        if (isinstance(n, Select | Index) and n.optional) or (isinstance(n, ListLit) and any(n.optional)):
+            raise CelCompileError(expression, n.offset + 1, "optional syntax (.?, [?], ?elements) is not "
+                                  "supported by the celpy engine; use the celexpr engine")
+        if isinstance(n, Call):
+            if isinstance(n.target, Ident) and n.target.name == "cel" and n.function == "bind" and len(n.args) == 3:
+                var, init, body = (visit(a) for a in n.args)
+                mapped = Call(n.offset, "map", (var, body), ListLit(n.offset, (init,)))
+                return Call(n.offset, "_[_]", (mapped, Literal(n.offset, "int", 0)))
+            if isinstance(n.target, Ident) and f"{n.target.name}.{n.function}" in _QUALIFIED:
+                return Call(n.offset, _QUALIFIED[f"{n.target.name}.{n.function}"], tuple(visit(a) for a in n.args))
+            if isinstance(n.target, Ident) and n.target.name == "optional":
+                raise CelCompileError(expression, n.offset + 1, "optional values are not supported by the celpy "
+                                      "engine; use the celexpr engine")
+            two_var = n.function in ("all", "exists") and len(n.args) == 3 and isinstance(n.args[1], Ident)
+            if n.target is not None and (n.function in _UNSUPPORTED_MACROS or two_var):
+                raise CelCompileError(expression, n.offset + 1, f"the {n.function}() macro is not supported by the "
+                                      "celpy engine; use the celexpr engine")
+            if n.function in ("hasValue", "value", "orValue", "or", "optMap", "optFlatMap"):
+                raise CelCompileError(expression, n.offset + 1, f"optional values ({n.function}) are not supported "
+                                      "by the celpy engine; use the celexpr engine")
+        return map_children(n, visit)
+
+    return visit(ast)
+
+
+_compile_lock = threading.Lock()
+_environment: dict[str, Any] = {}
+
+
+class CelPyProgram:
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+
+    def evaluate(self, device: DeviceView) -> object:
+        activation = device._cache.get("celpy")
+        if activation is None:
+            activation = device._cache.setdefault("celpy", {"device": _device_value(device)})
+        try:
+            result = self._runner.evaluate(activation)
+        except CELEvalError as e:
+            raise CelRuntimeError(_message(e)) from None
+        except (TypeError, ValueError, KeyError, IndexError, OverflowError, ZeroDivisionError) as e:
+            raise CelRuntimeError(str(e) or type(e).__name__) from None
+        if isinstance(result, CELEvalError):
+            raise CelRuntimeError(_message(result))
+        return _from_cel(result)
+
+
+def _message(e: CELEvalError) -> str:
+    text = str(e.args[0] if e.args else e)
+    m = re.search(r"no such member in mapping: '(.*)'", text)
+    return f"no such key: {m.group(1)}" if m else text
+
+
+def _device_value(device: DeviceView) -> Any:
+    attrs = DomainMap({celtypes.StringType(d): celtypes.MapType(
+        {celtypes.StringType(k): _to_cel(v) for k, v in values.items()}) for d, values in device.attributes.items()})
+    caps = DomainMap({celtypes.StringType(d): celtypes.MapType(
+        {celtypes.StringType(k): v for k, v in values.items()}) for d, values in device.capacity.items()})
+    return celtypes.MapType({
+        celtypes.StringType("driver"): celtypes.StringType(device.driver),
+        celtypes.StringType("attributes"): attrs,
+        celtypes.StringType("capacity"): caps,
+        celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(device.allow_multiple_allocations),
+    })
+
+
+class CelPyEngine:
+    name = "celpy"
+
+    def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelPyProgram:
+        source = unparse(rewrite_for_celpy(expression, ast))
+        with _compile_lock:
+            if "env" not in _environment:
+                _environment["env"] = celpy.Environment()
+            env = _environment["env"]
+            try:
+                tree = env.compile(source)
+                runner = env.program(tree, functions=_FUNCTIONS)
+            except Exception as e:  # celpy raises its own parse errors
+                raise CelCompileError(expression, 0, f"cel-python could not compile the expression: {e}") from None
+        return CelPyProgram(runner)

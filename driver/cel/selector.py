@@ -1,0 +1,137 @@
+"""compile_selector: a DRA device selector checked as the apiserver does and run as the scheduler does."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, analyze
+from driver.cel.device import DeviceView
+from driver.cel.engine import Engine, Program
+from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.syntax import CelSyntaxError, line_and_column, parse
+
+ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
+ENGINES = ("celexpr", "celpy")
+# cel-expr-python agrees with Kubernetes on more of tests/cel/corpus.json (see tests/cel/README.md).
+DEFAULT_ENGINE = "celexpr"
+CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class CompiledSelector:
+    """A compiled selector. evaluate() is thread-safe for both engines."""
+
+    expression: str
+    engine: str
+    reads: tuple[AttributeRead, ...]
+    result_type: str
+    estimated_cost: int
+    _program: Program
+
+    def evaluate(self, device: DeviceView) -> bool:
+        """True/False for this device; CelRuntimeError when the scheduler would get an error."""
+        result = self._program.evaluate(device)
+        if not isinstance(result, bool):
+            raise CelRuntimeError(f"CEL result of type {_cel_type_name(result)} could not be converted to bool")
+        return result
+
+
+def _cel_type_name(value: object) -> str:
+    names = {int: "int", float: "double", str: "string", bytes: "bytes", list: "list", dict: "map",
+             type(None): "null_type"}
+    return names.get(type(value), type(value).__name__)
+
+
+def engine_name(engine: str | None) -> str:
+    name = engine or os.environ.get(ENGINE_ENV_VAR) or DEFAULT_ENGINE
+    if name not in ENGINES:
+        raise ValueError(f"unknown CEL engine {name!r} (from {'parameter' if engine else ENGINE_ENV_VAR}); "
+                         f"use one of {', '.join(ENGINES)}")
+    return name
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _engine(name: str) -> Engine:
+    with _engines_lock:
+        if name not in _engines:
+            if name == "celexpr":
+                from driver.cel.engine_celexpr import CelExprEngine
+
+                _engines[name] = CelExprEngine()
+            else:
+                from driver.cel.engine_celpy import CelPyEngine
+
+                _engines[name] = CelPyEngine()
+        return _engines[name]
+
+
+class _LRU:
+    """Compiled selectors by (engine, expression); compile errors are not cached."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], CompiledSelector] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> CompiledSelector | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple[str, str], value: CompiledSelector) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_cache = _LRU(CACHE_SIZE)
+
+
+def compile_selector(expression: str, *, engine: str | None = None) -> CompiledSelector:
+    """Compile a CEL device selector; raises CelCompileError where Kubernetes would reject it."""
+    name = engine_name(engine)
+    key = (name, expression)
+    cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    selector = _compile(expression, name)
+    _cache.put(key, selector)
+    return selector
+
+
+def _compile(expression: str, engine: str) -> CompiledSelector:
+    size = len(expression.encode())
+    if size > MAX_EXPRESSION_BYTES:
+        raise CelCompileError(expression, 0, f"expression is too long: {size} bytes, the limit is "
+                                             f"{MAX_EXPRESSION_BYTES} bytes")
+    try:
+        ast = parse(expression)
+    except CelSyntaxError as e:
+        line, column = line_and_column(expression, e.offset)
+        raise CelCompileError(expression, column, f"syntax error: {e.message}", line=line) from None
+    analysis = analyze(expression, ast)
+    if analysis.issues:
+        first = min(analysis.issues, key=lambda i: i.offset)
+        line, column = line_and_column(expression, first.offset)
+        raise CelCompileError(expression, column, first.message, line=line)
+    if analysis.estimated_cost > MAX_COST:
+        raise CelCompileError(expression, 0, f"too complex, exceeds cost limit: estimated cost "
+                                             f"{analysis.estimated_cost} > {MAX_COST}; iterate over fewer or "
+                                             f"smaller collections or avoid nested comprehensions")
+    program = _engine(engine).compile(expression, ast, analysis)
+    return CompiledSelector(expression, engine, analysis.reads, analysis.result_type, analysis.estimated_cost,
+                            program)
