@@ -146,6 +146,7 @@ class Publisher:
         self.errors = 0  # failed syncs
         self.last_sync_time: float | None = None  # clock() of the last successful sync
         self.last_error: str = ""
+        self.last_sync_ok: bool | None = None  # outcome of the latest attempt; None before the first
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -224,14 +225,17 @@ class Publisher:
                 self.errors += 1
                 self.last_error = str(exc)
                 log.debug("ResourceSlice sync failed", node=self._node, error=str(exc))
+                self.last_sync_ok = False
                 return False
             except Exception as exc:  # e.g. a malformed object from the server: retried, never fatal
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("ResourceSlice sync failed unexpectedly", node=self._node)
+                self.last_sync_ok = False
                 return False
         self.syncs += 1
         self.publishes += wrote
+        self.last_sync_ok = True
         self.last_sync_time = self._clock()
         with self._synced:
             if version == self._desired_version:

@@ -97,7 +97,7 @@ def test_first_sync_creates_named_slices_owned_by_the_node(fake: FakeKubeAPI) ->
         ]
         assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
     assert pub.generation == 1
-    assert (pub.syncs, pub.publishes, pub.errors) == (1, 1, 0)
+    assert (pub.syncs, pub.publishes, pub.errors, pub.last_sync_ok) == (1, 1, 0, True)
     assert pub.last_sync_time is not None
 
 
@@ -233,8 +233,10 @@ def test_without_a_node_object_slices_are_published_unowned_and_owned_later() ->
 
 def test_an_unreachable_apiserver_is_an_error_count_not_an_exception(fake: FakeKubeAPI) -> None:
     pub = Publisher(fake, NODE, one_slice())
+    assert pub.last_sync_ok is None
     fake.fail_next(10)
     assert not pub.sync_once()
+    assert pub.last_sync_ok is False
     assert pub.errors == 1
     assert "Unreachable" in pub.last_error
     assert stored(fake) == {}
