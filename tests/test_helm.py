@@ -213,12 +213,19 @@ def test_nvml_plugin_is_privileged_and_mounts_devices_and_driver_root_read_only(
     mounts = host_mounts(ds)
     # Device nodes that appear after the pod started (MIG capability nodes) must be visible.
     assert mounts["/dev"] == ("/dev", False)
-    assert mounts["/run/nvidia/driver"] == ("/driver-root", True)
-    driver_mount = next(m for m in container(ds)["volumeMounts"] if m["mountPath"] == "/driver-root")
+    # The plugin puts the driver files' paths as it sees them into CDI specs: same path as the host's.
+    assert mounts["/run/nvidia/driver"] == ("/run/nvidia/driver", True)
+    driver_mount = next(m for m in container(ds)["volumeMounts"] if m["mountPath"] == "/run/nvidia/driver")
     assert driver_mount["mountPropagation"] == "HostToContainer"
     assert "--cdi-driver-root=/run/nvidia/driver" in container(ds)["args"]
     env = {e["name"]: e.get("value") for e in container(ds)["env"]}
-    assert env["LD_LIBRARY_PATH"].startswith("/driver-root/")
+    assert env["LD_LIBRARY_PATH"].startswith("/run/nvidia/driver/usr/lib/x86_64-linux-gnu:")
+
+
+def test_host_installed_driver_root_is_mounted_beside_the_container_root(tools):
+    ds = one(render(tools), "DaemonSet")
+    assert host_mounts(ds)["/"] == ("/driver-root", True)
+    assert "--cdi-driver-root=/driver-root" in container(ds)["args"]
 
 
 def test_nvml_plugin_can_be_unprivileged_when_a_runtime_class_grants_devices(tools):
@@ -389,13 +396,25 @@ def test_plugin_cluster_role_is_exactly_what_the_plugin_calls(tools):
             assert "resourceNames" not in rule
 
 
-def test_controller_cluster_role_only_reads(tools):
+CLUSTER_READER_PERMISSIONS = {
+    "list_resource_slices": ("resource.k8s.io", "resourceslices", "list"),
+    "watch_resource_slices": ("resource.k8s.io", "resourceslices", "watch"),
+    "list_device_classes": ("resource.k8s.io", "deviceclasses", "list"),
+    "watch_device_classes": ("resource.k8s.io", "deviceclasses", "watch"),
+    "list_resource_claims": ("resource.k8s.io", "resourceclaims", "list"),
+    "watch_resource_claims": ("resource.k8s.io", "resourceclaims", "watch"),
+}
+
+
+def test_controller_cluster_role_only_lists_and_watches_what_its_informers_read(tools):
     role = one(render(tools), "ClusterRole", "tessera-controller")
-    assert granted(role) == {
-        ("resource.k8s.io", resource, verb)
-        for resource in ("resourceslices", "deviceclasses", "resourceclaims")
-        for verb in ("get", "list", "watch")
-    }
+    assert granted(role) == set(CLUSTER_READER_PERMISSIONS.values())
+
+
+def test_controller_permission_table_covers_every_cluster_reader_method():
+    informer = pytest.importorskip("controller.informer", reason="controller informer not written yet")
+    methods = {name for name in vars(informer.ClusterReader) if not name.startswith("_")}
+    assert methods == set(CLUSTER_READER_PERMISSIONS), "the controller reads something new: update its RBAC"
 
 
 def test_no_role_grants_wildcards_secrets_or_escalation(tools):
