@@ -307,3 +307,43 @@ def test_canonical_quantity_matches_the_apiserver_serialisation(value: int, bina
 def test_canonical_quantity_rejects_negative_values() -> None:
     with pytest.raises(ValueError, match="negative"):
         canonical_quantity(-1)
+
+
+# -- names ---------------------------------------------------------------------------------------------------
+
+
+def test_device_names_follow_the_published_grammar() -> None:
+    from driver.names import counter_set_name, gpu_device_name, mig_device_name
+
+    assert gpu_device_name(12) == "gpu-12"
+    assert mig_device_name(0, "1g.10gb", 0) == "gpu-0-mig-1g10gb-0"
+    assert mig_device_name(3, "1g.10gb+me", 6) == "gpu-3-mig-1g10gbme-6"
+    assert counter_set_name(7) == "gpu-7-counters"
+    with pytest.raises(ValueError, match="placement"):
+        mig_device_name(0, "1g.10gb", -1)
+    with pytest.raises(ValueError, match="no letters or digits"):
+        mig_device_name(0, "..", 0)
+
+
+def test_slice_names_sort_in_publishing_order() -> None:
+    from driver.names import slice_name
+
+    names = [slice_name("node-a", i) for i in (0, 2, 10, 100)]
+    assert names[0] == "node-a-gpu.tessera.dev-000"
+    assert sorted(names) == names
+
+
+def test_long_node_names_still_give_valid_distinct_slice_names_and_labels() -> None:
+    from driver.names import node_label_value, slice_name
+    from driver.validation import is_dns_subdomain
+
+    long_a = "a" * 200 + ".example.com-" + "b" * 39 + "1"
+    long_b = long_a[:-1] + "2"
+    assert len(long_a) == 253
+    for node in (long_a, long_b):
+        assert is_dns_subdomain(slice_name(node, 5))
+        assert len(node_label_value(node)) <= 63
+    assert slice_name(long_a, 5) != slice_name(long_b, 5)
+    assert node_label_value(long_a) != node_label_value(long_b)
+    slices = build_slices(make_inventory(make_gpu(0), node=long_a))
+    assert validate_pool(slices) == []
