@@ -110,12 +110,13 @@ class HealthBoard:
             self._changed()
 
     def set_health(self, device_name: str, health: Health, message: str = "") -> None:
-        """Set a device's health; a full GPU's health also applies to the MIG devices carved from it."""
+        """Set a device's health; a GPU's health also applies to the MIG devices carved from it."""
         now = self._clock()
         with self._cond:
-            if device_name not in self._states:
-                raise KeyError(f"device {device_name!r} is not published by this node (pool {self.pool_name})")
+            # A GPU in MIG mode is not published itself, only its MIG devices, which share its fate.
             targets = [n for n in self._states if n == device_name or _parent_gpu(n) == device_name]
+            if not targets:
+                raise KeyError(f"device {device_name!r} is not published by this node (pool {self.pool_name})")
             changed = False
             for name in targets:
                 text = message if name == device_name or not message else f"{device_name}: {message}"

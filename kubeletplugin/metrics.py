@@ -181,7 +181,10 @@ class MetricsServer:
         except OSError as exc:
             raise OSError(f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror or exc}") from exc
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)
+        # A short poll interval keeps shutdown() quick; the loop is idle otherwise.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="metrics-http", daemon=True
+        )
         self._thread.start()
         log.info("metrics endpoint listening", host=self._host, port=self.port)
 

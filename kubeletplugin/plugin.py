@@ -26,7 +26,7 @@ from driver import DRIVER_NAME
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
 from kubeletplugin.draservice import DraService
-from kubeletplugin.grpcservers import SocketPaths, UnixSocketServer
+from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer
 from kubeletplugin.health import (
     DRAResourceHealthServicer,
     FileHealthSource,
@@ -88,7 +88,7 @@ class PluginConfig:
                 raise PluginConfigError(f"{flag} must be an absolute path, got {str(path)!r}")
         try:
             self.socket_paths.validate()
-        except ValueError as exc:
+        except SocketError as exc:
             raise PluginConfigError(str(exc)) from exc
 
     @property
@@ -270,7 +270,6 @@ def run_plugin(
     from driver.discovery import DiscoveryError, load_inventory
     from driver.driverroot import DriverRootError
     from driver.kubeapi import RealKubeAPI
-    from kubeletplugin.grpcservers import SocketError
 
     stop = stop_event or threading.Event()
     try:
