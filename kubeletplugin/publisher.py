@@ -252,12 +252,16 @@ class Publisher:
             if obj.get("spec", {}).get("driver") == DRIVER_NAME and obj.get("spec", {}).get("nodeName") == self._node
         ]
 
-    def _ensure_owner(self) -> None:
-        if self._owner is not None or self._clock() < self._owner_next_try:
+    def _ensure_owner(self, *, refresh: bool = False) -> None:
+        if not refresh and (self._owner is not None or self._clock() < self._owner_next_try):
             return
         try:
             node = self._api.get_node(self._node)
         except ApiError as exc:
+            if exc.not_found:
+                # A Node that was deleted (and maybe registered again) must not stay our owner: the garbage
+                # collector would delete every slice we create for its old uid, over and over.
+                self._owner = None
             self._owner_next_try = self._clock() + self._owner_retry_interval
             if not self._owner_warned:
                 log.warning("cannot read the Node object; publishing slices without an owner reference for now",
@@ -333,8 +337,13 @@ class Publisher:
         return SyncPlan(generation, tuple(obsolete), tuple(updates), tuple(new))
 
     def _sync(self, desired: list[Obj]) -> bool:
-        self._ensure_owner()
-        plan = self.plan(desired, self._list_own())
+        existing = self._list_own()
+        present = {e["metadata"]["name"] for e in existing}
+        # Slices are about to be created (first publish, or someone deleted ours, possibly the garbage
+        # collector after the Node was replaced): look the Node up again so the owner uid is current.
+        missing = any(slice_name(self._node, i) not in present for i in range(len(desired)))
+        self._ensure_owner(refresh=missing)
+        plan = self.plan(desired, existing)
         for name in plan.delete:
             self._own_deletes.add(name)
             try:

@@ -286,7 +286,7 @@ def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fa
         return True
 
     fake.fail_next(4)
-    pub = Publisher(fake, NODE, one_slice(), watch=False, resync_interval=3600, owner_retry_interval=99,
+    pub = Publisher(fake, NODE, one_slice(), watch=False, resync_interval=3600,
                     backoff=Backoff(initial=0.5, maximum=3.0, jitter=0.0), wait=record)
     pub.start()
     try:
@@ -294,10 +294,9 @@ def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fa
         assert pub.wait_synced(10)
     finally:
         pub.stop()
-    # The Node GET fails (publishing goes on without an owner), then three lists fail; after the
-    # successful publish the next attempt comes when the owner is due to be looked up again.
-    assert delays[:4] == [0.5, 1.0, 2.0, 99]
-    assert pub.errors == 3
+    # Four failed lists back off up to the cap; after the publish the next pass is the periodic resync.
+    assert delays[:5] == [0.5, 1.0, 2.0, 3.0, 3600]
+    assert pub.errors == 4
     assert slice_name(NODE, 0) in stored(fake)
 
 
@@ -397,3 +396,21 @@ def test_start_twice_is_refused(fake: FakeKubeAPI, running: Callable[..., Publis
     pub = running(one_slice())
     with pytest.raises(RuntimeError, match="already started"):
         pub.start()
+
+
+def test_slices_recreated_after_the_node_was_replaced_get_the_new_node_uid(fake: FakeKubeAPI) -> None:
+    pub = Publisher(fake, NODE, one_slice())
+    pub.sync_once()
+    new_uid = fake.add_node(NODE)["metadata"]["uid"]  # the Node was deleted and registered again
+    fake.external_delete_slice(slice_name(NODE, 0))  # what the garbage collector does with orphans
+    pub.sync_once()
+    assert stored(fake)[slice_name(NODE, 0)]["metadata"]["ownerReferences"][0]["uid"] == new_uid
+
+
+def test_a_deleted_node_is_no_longer_the_owner_of_recreated_slices(fake: FakeKubeAPI) -> None:
+    pub = Publisher(fake, NODE, one_slice())
+    pub.sync_once()
+    del fake.nodes[NODE]
+    fake.external_delete_slice(slice_name(NODE, 0))
+    pub.sync_once()
+    assert "ownerReferences" not in stored(fake)[slice_name(NODE, 0)]["metadata"]
