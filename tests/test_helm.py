@@ -749,3 +749,55 @@ def test_dynamic_mig_without_privilege_is_refused(tools):
 def test_dynamic_mig_on_a_simulated_node_needs_no_privilege(tools):
     ds = one(render(tools, "kubeletPlugin.simulate=dgx-h100-8", "kubeletPlugin.migStrategy=dynamic"), "DaemonSet")
     assert container(ds)["securityContext"]["privileged"] is False
+
+
+# --- the image the chart runs -----------------------------------------------------------------------
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_copies_every_python_package_the_project_ships():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set()
+    for keyword, rest in _dockerfile_instructions():
+        if keyword == "COPY" and not rest.startswith("--from"):
+            *sources, _dest = rest.split()
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+                copied.add(source.rstrip("/"))
+    assert packages <= copied, f"packages not copied into the image: {packages - copied}"
+    assert {"pyproject.toml", "README.md"} <= copied  # pip needs both to build the project
+
+
+def test_dockerignore_keeps_what_the_build_copies():
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for keyword, rest in _dockerfile_instructions():
+        if keyword == "COPY" and not rest.startswith("--from"):
+            for source in rest.split()[:-1]:
+                assert source.rstrip("/") not in ignored, source
+    assert {".git", ".venv", "tests"} <= ignored
+
+
+def test_image_runs_tessera_as_the_non_root_user_the_controller_expects(tools):
+    instructions = _dockerfile_instructions()
+    stages = [rest for keyword, rest in instructions if keyword == "FROM"]
+    assert len(stages) == 2 and stages[0].endswith("AS build")
+    final = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM"):]
+    user = [rest for keyword, rest in final if keyword == "USER"]
+    assert user == ["65532:65532"]
+    assert ("ENTRYPOINT", '["tessera"]') in final
+    pod = one(render(tools), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    arg = next(rest for keyword, rest in instructions if keyword == "ARG")
+    assert arg.startswith("PYTHON_IMAGE=python:3.11-slim")
