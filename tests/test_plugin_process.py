@@ -556,9 +556,16 @@ def test_metrics_port_in_use_exits_1_and_leaves_no_sockets(root: Path) -> None:
 )
 def test_invalid_flags_exit_2_with_the_reason(root: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
                                               message: str) -> None:
+    import structlog
+
     from tessera.cli import main
 
-    rc = main(["--log-format", "json", "kubelet-plugin", "--node-name", NODE, "--state-dir", str(root), *flags])
+    # main() points structlog at this test's captured stderr; put the previous setup back afterwards.
+    saved = structlog.get_config()
+    try:
+        rc = main(["--log-format", "json", "kubelet-plugin", "--node-name", NODE, "--state-dir", str(root), *flags])
+    finally:
+        structlog.configure(**saved)
     assert rc == 2
     assert message in capsys.readouterr().err
 
