@@ -87,6 +87,14 @@ class InventoryDevice:
                 out.append((f"{d}/{n}", str(entry.get("value"))))
         return tuple(sorted(out))
 
+    @cached_property
+    def key_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The attribute and capacity keys the device has: what presence tests, `size()` and iteration
+        over keys can observe."""
+        attrs = frozenset(str(k) for k in (self.spec.get("attributes") or {}))
+        caps = frozenset(str(k) for k in (self.spec.get("capacity") or {}))
+        return attrs, caps
+
     @property
     def device_type(self) -> str:
         value = self.attribute(DRIVER, "type")

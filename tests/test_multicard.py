@@ -30,7 +30,9 @@ def spec_with(count: int = 2, total: str | None = "8Gi", island: bool | None = N
         sharing["sameNVLinkIsland"] = island
     return {
         "devices": {
-            "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.tessera.dev", "count": count, **exactly}}],
+            "requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.tessera.dev", "count": count, **exactly}}
+            ],
             "config": [gpu_config(sharing, ["gpus"])],
         }
     }

@@ -1,0 +1,96 @@
+"""`capacity.requests` of a request: the key spelled exactly as published, an amount tessera can
+enforce, and an amount some GPU in the cluster can hold.
+
+The scheduler compares capacity keys literally (dra-api.md §9 item 1): `gpu.tessera.dev/memory` never
+equals the published `memory`, so such a request would match no device and the pod would sit Pending
+with no hint why. The MPS memory limit is set in whole MiB, so other amounts are refused rather than
+rounded behind the user's back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.context import CheckContext
+from controller.findings import DRIVER, Finding, error
+from controller.matching import CapacityNeed
+from controller.multicard import fmt_bytes
+from controller.schema import REQUESTABLE_CAPACITIES, split_qualified
+
+MiB = 1 << 20
+
+
+def capacity_findings(capacity: Any, path: str, ctx: CheckContext) -> tuple[list[Finding], list[CapacityNeed]]:
+    """Check `capacity` (the request's `capacity` field at `path`); returns findings and the valid needs."""
+    from driver.cel.quantity import Quantity
+
+    findings: list[Finding] = []
+    needs: list[CapacityNeed] = []
+    if capacity is None:
+        return findings, needs
+    requests = capacity.get("requests") if isinstance(capacity, dict) else None
+    if not isinstance(requests, dict):
+        return [error(f"{path}.capacity", "must be {requests: {memory: <quantity>}}")], needs
+    published = ctx.schema.capacities
+    for key, amount in requests.items():
+        here = f"{path}.capacity.requests[{key}]"
+        domain, name = split_qualified(str(key))
+        if "/" in str(key):
+            if domain == DRIVER and name in published:
+                findings.append(
+                    error(
+                        here,
+                        f'"{key}" never matches: tessera publishes this capacity under the bare key "{name}" and '
+                        "the scheduler compares capacity keys literally, so every device would be skipped and the "
+                        f"pod would stay Pending; write `{name}: {amount}`",
+                    )
+                )
+            else:
+                findings.append(
+                    error(here, f'tessera publishes no capacity "{key}"; the requestable key is "memory"')
+                )
+            continue
+        if key not in REQUESTABLE_CAPACITIES:
+            if key in published:
+                message = (
+                    f'"{key}" cannot be requested: tessera enforces only memory shares (through the MPS memory '
+                    "limit); ask for a compute share with sharing.mps.activeThreadPercentage in the claim's "
+                    "GpuConfig instead"
+                )
+            else:
+                hint = ctx.schema.suggest_capacity(str(key))
+                suggestion = f'did you mean "{hint}"? ' if hint else ""
+                message = f'tessera publishes no capacity "{key}"; {suggestion}the requestable key is "memory"'
+            findings.append(error(here, message))
+            continue
+        try:
+            quantity = Quantity.parse(str(amount))
+        except ValueError as exc:
+            findings.append(error(here, f"{amount!r} is not a Kubernetes quantity ({exc}); write it like 4Gi"))
+            continue
+        value = quantity.value()
+        if quantity.milli_value() <= 0:
+            findings.append(error(here, f"must be larger than zero, got {amount}"))
+            continue
+        if value * 1000 != quantity.milli_value() or value % MiB:
+            low, high = (value // MiB) * MiB, (value // MiB + 1) * MiB
+            options = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else fmt_bytes(high)
+            findings.append(
+                error(
+                    here,
+                    f"{amount} is not a whole number of MiB; tessera sets the GPU memory limit in MiB, use {options}",
+                )
+            )
+            continue
+        largest = ctx.inventory.largest_memory() if ctx.inventory is not None else None
+        if largest is not None and value > largest[0]:
+            findings.append(
+                error(
+                    here,
+                    f"{amount} is more than the largest GPU in the cluster has ({fmt_bytes(largest[0])} on "
+                    f"{largest[1].describe()}), so no device can ever satisfy it",
+                )
+            )
+            continue
+        needs.append(CapacityNeed(str(key), value, str(amount)))
+    return findings, needs

@@ -1,0 +1,153 @@
+"""Checks on a ResourceClaimSpec (of a ResourceClaim, or inside a ResourceClaimTemplate).
+
+Only requests whose DeviceClass targets tessera are checked; opaque configs for tessera's driver are
+decoded whatever the request. Each request is matched against the live inventory with its class's
+selectors first, exactly as the scheduler filters (class, then request, then capacity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controller.capacitychecks import capacity_findings
+from controller.classchecks import class_conditions
+from controller.configchecks import decode_configs
+from controller.context import CheckContext, class_targets_tessera, is_our_class_name
+from controller.findings import Finding, error, warning
+from controller.matching import Condition, MatchResult, Requirement, match
+from controller.multicard import pending_findings
+from controller.selectors import (
+    compile_selectors,
+    guard_findings,
+    no_match_finding,
+    runtime_findings,
+    schema_findings,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    name: str  # "gpus", or "accel/full" for a firstAvailable subrequest
+    path: str
+    device_class: str
+    count: int  # 0 for allocationMode All
+    match: MatchResult | None = None
+
+
+@dataclass(frozen=True)
+class ClaimReport:
+    findings: tuple[Finding, ...] = ()
+    requests: tuple[RequestReport, ...] = ()
+
+
+def targets_tessera(ctx: CheckContext, class_name: str) -> bool:
+    cls = ctx.classes.get(class_name)
+    return is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
+
+
+def request_names(spec: Obj) -> list[str]:
+    """Every name a constraint or config may use: `req`, and `req/sub` for firstAvailable entries."""
+    names: list[str] = []
+    for request in (spec.get("devices") or {}).get("requests") or []:
+        if not isinstance(request, dict):
+            continue
+        name = str(request.get("name", ""))
+        names.append(name)
+        names.extend(f"{name}/{s.get('name')}" for s in request.get("firstAvailable") or [] if isinstance(s, dict))
+    return names
+
+
+def check_claim_spec(spec: Obj, path: str, ctx: CheckContext) -> ClaimReport:
+    """All rules for one ResourceClaimSpec at `path` ("spec" for a claim, "spec.spec" for a template)."""
+    if not isinstance(spec, dict):
+        return ClaimReport((error(path, "must be an object"),))
+    devices = spec.get("devices") or {}
+    findings: list[Finding] = []
+    config_errors, configs = decode_configs(devices.get("config"), f"{path}.devices.config", in_class=False)
+    findings.extend(config_errors)
+    known = request_names(spec)
+    for c in configs:
+        for j, ref in enumerate(c.requests):
+            if ref not in known:
+                findings.append(
+                    error(
+                        f"{path}.devices.config[{c.index}].requests[{j}]",
+                        f'"{ref}" names no request of this claim; the requests are: {", ".join(known) or "none"}',
+                    )
+                )
+    findings.extend(pending_findings(spec, path, lambda name: targets_tessera(ctx, name)))
+
+    reports: list[RequestReport] = []
+    for i, request in enumerate(devices.get("requests") or []):
+        if not isinstance(request, dict):
+            continue
+        name = str(request.get("name", ""))
+        rpath = f"{path}.devices.requests[{i}]"
+        if isinstance(request.get("exactly"), dict):
+            report = _check_request(request["exactly"], f"{rpath}.exactly", name, ctx, findings)
+            if report:
+                reports.append(report)
+        for j, sub in enumerate(request.get("firstAvailable") or []):
+            if isinstance(sub, dict):
+                ref = f"{name}/{sub.get('name', '')}"
+                report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings)
+                if report:
+                    reports.append(report)
+    return ClaimReport(tuple(findings), tuple(reports))
+
+
+def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding]) -> RequestReport | None:
+    class_name = str(body.get("deviceClassName", ""))
+    if not targets_tessera(ctx, class_name):
+        return None
+    cls = ctx.classes.get(class_name)
+    class_conds: list[Condition] = []
+    if cls is not None:
+        _, class_conds = class_conditions(dict(cls))
+    elif ctx.classes_complete:
+        findings.append(
+            warning(
+                f"{path}.deviceClassName",
+                f'DeviceClass "{class_name}" does not exist; pods using this claim stay Pending until it is created',
+            )
+        )
+    used_by = "this claim"
+    before = len(findings)
+    compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"')
+    findings.extend(compile_errors)
+    for condition in request_conds:
+        findings.extend(schema_findings(condition, ctx))
+    conditions = [*class_conds, *request_conds]
+    findings.extend(guard_findings(conditions, len(class_conds), ctx, used_by))
+    capacity_errors, needs = capacity_findings(body.get("capacity"), path, ctx)
+    findings.extend(capacity_errors)
+    mode = body.get("allocationMode", "ExactCount")
+    count = body.get("count", 1) if mode != "All" else 0
+    count = count if isinstance(count, int) else 1
+
+    result = None
+    own_errors = [f for f in findings[before:] if f.severity == "error"]
+    if ctx.inventory is not None and not own_errors:
+        result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
+        mine = MatchResult(
+            result.per_node,
+            result.checked,
+            tuple(f for f in result.failures if f.condition.path.startswith(path)),
+            result.nearest_miss,
+        )
+        findings.extend(runtime_findings(mine, set(), used_by))
+        best = result.best_node()
+        if best is None and ctx.inventory.devices and not mine.failures:
+            findings.append(no_match_finding(path, f'request "{name}"', result, ctx.inventory.incomplete_pools))
+        elif best is not None and count > best[1]:
+            findings.append(
+                warning(
+                    f"{path}.count",
+                    f'request "{name}" asks for {count} devices on one node, but no node has more than {best[1]} '
+                    f"matching devices ({best[0]}); pods using this claim would stay Pending",
+                )
+            )
+    return RequestReport(name, path, class_name, count, result)
