@@ -321,6 +321,12 @@ def test_plugin_probes_use_the_metrics_endpoint_health_check(tools):
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
 
 
+def test_controller_is_ready_only_with_synced_caches_over_its_tls_port(tools):
+    c = container(one(render(tools), "Deployment"))
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
+
+
 def _cli_parser(subcommand: str, required_flag: str):
     from tessera.cli import build_parser
 
