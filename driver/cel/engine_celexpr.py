@@ -30,6 +30,7 @@ from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelCompileError, CelRuntimeError
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
 from driver.cel.syntax import Call, Index, Literal, MapLit, Node, Select, map_children, unparse
 
@@ -60,13 +61,34 @@ _QT = cel.Type("kubernetes.Quantity")
 _ST = cel.Type("kubernetes.Semver")
 
 
-def quantity_to_msg(q: Quantity) -> Any:
+# A message holds only the exact value, but isInteger()/asInteger() depend on Go's representation.
+# Each evaluation remembers the last Quantity seen per value (literals, capacities, add/sub results)
+# so that a value coming back from cel-cpp gets its representation again. Only two different
+# representations of one value within one evaluation can still be confused.
+_seen = threading.local()
+
+
+def _remembered() -> dict[tuple[str, str], Quantity]:
+    table: dict[tuple[str, str], Quantity] | None = getattr(_seen, "table", None)
+    if table is None:
+        table = {}
+        _seen.table = table
+    return table
+
+
+def quantity_to_msg(q: Quantity, *, remember: bool = True) -> Any:
     f = q.fraction()
-    return QuantityMsg(numerator=str(f.numerator), denominator=str(f.denominator))
+    msg = QuantityMsg(numerator=str(f.numerator), denominator=str(f.denominator))
+    if remember:
+        _remembered()[(msg.numerator, msg.denominator)] = q
+    return msg
 
 
 def quantity_from_msg(m: Any) -> Quantity:
-    """Rebuild a Quantity from its exact value (Go's internal representation is not carried)."""
+    """The Quantity for a message: the one this evaluation produced, else rebuilt from the value."""
+    known = _remembered().get((m.numerator, m.denominator))
+    if known is not None:
+        return known
     f = Fraction(int(m.numerator), int(m.denominator))
     if f.denominator == 1 and INT64_MIN <= f.numerator <= INT64_MAX:
         return Quantity(int_amount=(f.numerator, 0))
@@ -263,6 +285,10 @@ class CelExprProgram:
         data = device._cache.get("celexpr")
         if data is None:
             data = device._cache.setdefault("celexpr", {"device": _device_data(device)})
+        _seen.table = {}
+        for caps in device.capacity.values():
+            for q in caps.values():
+                quantity_to_msg(q)
         try:
             result = self._expression.eval(data=data)
         except Exception as e:  # the binding raises for values it cannot convert
@@ -282,7 +308,8 @@ def _device_data(device: DeviceView) -> Mapping[str, Any]:
     return {
         "driver": device.driver,
         "attributes": {d: {k: _to_cel(v) for k, v in attrs.items()} for d, attrs in device.attributes.items()},
-        "capacity": {d: {k: quantity_to_msg(v) for k, v in caps.items()} for d, caps in device.capacity.items()},
+        "capacity": {d: {k: quantity_to_msg(v, remember=False) for k, v in caps.items()}
+                     for d, caps in device.capacity.items()},
         "allowMultipleAllocations": device.allow_multiple_allocations,
     }
 
@@ -292,14 +319,17 @@ class CelExprEngine:
 
     def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelExprProgram:
         env = _env()
-        try:
-            env.compile(expression)
-        except RuntimeError as e:
-            real = [err for err in _compile_errors(e) if not _MIXED_NUMERIC.search(err[2])]
-            if real:
-                line, column, message = real[0]
-                raise CelCompileError(expression, column, message, line=line) from None
-        rewritten = unparse(rewrite_for_celexpr(ast))
+        expanded = expand_two_variable_macros(ast)
+        if expanded == ast:
+            # checked on the original text so that error columns point into what the user wrote
+            try:
+                env.compile(expression)
+            except RuntimeError as e:
+                real = [err for err in _compile_errors(e) if not _MIXED_NUMERIC.search(err[2])]
+                if real:
+                    line, column, message = real[0]
+                    raise CelCompileError(expression, column, message, line=line) from None
+        rewritten = unparse(rewrite_for_celexpr(expanded))
         try:
             compiled = env.compile(rewritten)
         except RuntimeError as e:

@@ -35,6 +35,7 @@ from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelCompileError, CelRuntimeError
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select, map_children, unparse
 
@@ -72,6 +73,8 @@ def _to_cel(value: Any) -> Any:
         return celtypes.BoolType(value)
     if isinstance(value, int):
         return celtypes.IntType(value)
+    if isinstance(value, float):
+        return celtypes.DoubleType(value)
     if isinstance(value, str):
         return celtypes.StringType(value)
     if isinstance(value, list):
@@ -323,7 +326,7 @@ class CelPyEngine:
     name = "celpy"
 
     def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelPyProgram:
-        source = unparse(rewrite_for_celpy(expression, ast))
+        source = unparse(rewrite_for_celpy(expression, expand_two_variable_macros(ast)))
         with _compile_lock:
             if "env" not in _environment:
                 _environment["env"] = celpy.Environment()

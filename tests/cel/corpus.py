@@ -1,0 +1,53 @@
+"""Load the differential corpus (corpus.json) and run a case on one engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from driver.cel import CelCompileError, CelRuntimeError, compile_selector, device_view
+
+HERE = Path(__file__).parent
+CORPUS = HERE / "corpus.json"
+KNOWN_DIFFERENCES = HERE / "known_differences.json"
+
+
+def load_cases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads(CORPUS.read_text())
+    return cases
+
+
+def load_known_differences() -> dict[str, dict[str, str]]:
+    data: dict[str, dict[str, str]] = json.loads(KNOWN_DIFFERENCES.read_text())
+    return data
+
+
+def slice_device(device: dict[str, Any]) -> dict[str, Any]:
+    """The corpus device (grouped by domain) as a ResourceSlice v1 device dict."""
+    driver = device["driver"]
+    attributes = {
+        (name if domain == driver else f"{domain}/{name}"): value
+        for domain, values in device.get("attributes", {}).items()
+        for name, value in values.items()
+    }
+    capacity = {
+        (name if domain == driver else f"{domain}/{name}"): {"value": value}
+        for domain, values in device.get("capacity", {}).items()
+        for name, value in values.items()
+    }
+    return {"name": "dev", "attributes": attributes, "capacity": capacity,
+            "allowMultipleAllocations": device.get("allowMultipleAllocations", False)}
+
+
+def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
+    """(True | False | {"error": "compile"|"runtime"}, message)."""
+    try:
+        selector = compile_selector(case["expression"], engine=engine)
+    except CelCompileError as e:
+        return {"error": "compile"}, e.message
+    view = device_view(case["device"]["driver"], slice_device(case["device"]))
+    try:
+        return selector.evaluate(view), ""
+    except CelRuntimeError as e:
+        return {"error": "runtime"}, e.message
