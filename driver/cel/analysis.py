@@ -426,7 +426,22 @@ class _Analyzer:
             cost += ac
         if fn in _REGEX_FUNCTIONS:
             self.check_regex(n)
+        if fn == "@in" and len(n.args) == 2:
+            self.record_membership_test(n, scope, facts)
         return self.resolve(n, target_t, arg_types, cost)
+
+    def record_membership_test(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> None:
+        """`"name" in device.attributes["d"]` reads the attribute's presence: a guarded read."""
+        key, container = n.args
+        dm = _domain_map(container, scope)
+        if dm is None:
+            t = scope.vars.get(container.name) if isinstance(container, Ident) else None
+            if t is None or t.name not in ("attrmap", "capmap"):
+                return
+            dm = ("attribute" if t.name == "attrmap" else "capacity", t.domain or "*")
+        kind: ReadKind = "attribute" if dm[0] == "attribute" else "capacity"
+        name = key.value if isinstance(key, Literal) and isinstance(key.value, str) else "*"
+        self.record(kind, dm[1], name, offset=key.offset, guarded=True, facts=facts, node=key)
 
     def expect_bool(self, node: Node, t: T, fn: str) -> None:
         if t.name not in ("bool", "dyn"):
