@@ -11,6 +11,7 @@ import base64
 import datetime
 import functools
 import json
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -807,3 +808,28 @@ def test_image_runs_tessera_as_the_non_root_user_the_controller_expects(tools):
     assert pod["securityContext"]["runAsUser"] == 65532
     arg = next(rest for keyword, rest in instructions if keyword == "ARG")
     assert arg.startswith("PYTHON_IMAGE=python:3.11-slim")
+
+
+# --- docs/operations.md stays true ---------------------------------------------------------------------
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def test_every_values_setting_the_operations_guide_documents_is_rendered_by_these_tests():
+    text = OPERATIONS.read_text()
+    table = text[text.index("Documented variants"):text.index("`values.schema.json` rejects")]
+    # Values paths are dotted and start lower case (`NVIDIA_VISIBLE_DEVICES=all` is an env var).
+    documented = set(re.findall(r"`([a-z]\w*(?:\.[\w\[\]]+)+=[^`<>{}|]*)`", table))
+    rendered = {s for sets in DOCUMENTED_COMBINATIONS.values() for s in sets}
+    assert documented, "the variants table moved"
+    assert documented <= rendered, f"documented but never rendered here: {sorted(documented - rendered)}"
+
+
+def test_operations_guide_lists_exactly_the_metrics_the_components_export():
+    documented = {name.removesuffix("_total") for name in re.findall(r"`(tessera_\w+)`", OPERATIONS.read_text())}
+    sources = [ROOT / "kubeletplugin" / "metrics.py", ROOT / "controller" / "metrics.py"]
+    missing = [str(p) for p in sources if not p.exists()]
+    if missing:
+        pytest.skip(f"metrics modules not written yet: {missing}")
+    exported = {name for p in sources for name in re.findall(r'"(tessera_\w+)"', p.read_text())}
+    assert documented == exported
