@@ -94,6 +94,10 @@ class DriverRoot:
                 return self.root / b.source
         return None
 
+    def library_dirs(self) -> tuple[Path, ...]:
+        """Directories holding the driver libraries, as the plugin sees them (for running driver tools)."""
+        return tuple(dict.fromkeys((self.root / lib.source).parent for lib in self.libraries))
+
     def container_edits(self) -> ContainerEdits:
         files = self.libraries + self.binaries + self.firmware
         mounts = tuple(Mount(self.host_path(f), f.container_path, MOUNT_OPTIONS) for f in files)

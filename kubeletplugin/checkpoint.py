@@ -60,6 +60,7 @@ class ClaimEntry:
     cdi_spec: dict[str, Any] | None = None  # the spec as written, to restore it after a reboot wiped /var/run/cdi
     mps: MpsDaemon | None = None
     migs: tuple[CreatedMig, ...] = field(default=())
+    time_slices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) set for this claim
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +73,7 @@ class ClaimEntry:
             "cdiSpec": self.cdi_spec,
             "mps": self.mps.to_dict() if self.mps else None,
             "migs": [m.to_dict() for m in self.migs],
+            "timeSlices": [{"gpuUUID": u, "interval": i} for u, i in self.time_slices],
         }
 
     @classmethod
@@ -86,6 +88,7 @@ class ClaimEntry:
             cdi_spec=data.get("cdiSpec"),
             mps=MpsDaemon.from_dict(data["mps"]) if data.get("mps") else None,
             migs=tuple(CreatedMig.from_dict(m) for m in data.get("migs", [])),
+            time_slices=tuple((str(t["gpuUUID"]), str(t["interval"])) for t in data.get("timeSlices", [])),
         )
 
 

@@ -174,14 +174,19 @@ class NvidiaMpsControl:
         *,
         isolate_shm: bool = True,
         timeout_s: float = 10.0,
+        library_dirs: Sequence[Path] = (),
     ) -> None:
         self.state_dir = state_dir
         self.control_binary = str(control_binary)
+        self.library_dirs = tuple(library_dirs)
         self.isolate_shm = isolate_shm
         self.timeout_s = timeout_s
 
     def _env(self, paths: MpsPaths, gpu_uuids: Sequence[str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
+        if self.library_dirs:
+            # a driver-root binary must load the driver root's libcuda / NVML
+            env["LD_LIBRARY_PATH"] = ":".join(str(d) for d in self.library_dirs)
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe_dir)
         env["CUDA_MPS_LOG_DIRECTORY"] = str(paths.log_dir)
         if gpu_uuids is not None:

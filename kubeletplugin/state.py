@@ -5,9 +5,10 @@ or an error text; everything in between happens here, in this order, each step r
 at any point is repaired:
 
 prepare:   parse allocation + config (pure) -> checkpoint entry `PrepareStarted` -> create dynamic
-           MIG instances -> write the CDI spec -> start the claim's MPS daemon -> `PrepareCompleted`.
-unprepare: checkpoint entry `UnprepareStarted` -> stop MPS -> destroy MIG instances -> delete the
-           CDI spec -> drop the entry.
+           MIG instances -> write the CDI spec -> set time-slice intervals -> start the claim's MPS
+           daemon -> `PrepareCompleted`.
+unprepare: checkpoint entry `UnprepareStarted` -> stop MPS -> reset time-slice intervals -> destroy
+           MIG instances -> delete the CDI spec -> drop the entry.
 
 A prepare that finds its own `PrepareStarted` entry (kubelet retried after a timeout or a crash)
 rolls forward, reusing what the entry says was already done. A prepare that fails rolls back, so
@@ -51,6 +52,7 @@ from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
 from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
 from kubeletplugin.mps import MpsControl, MpsDaemon, MpsError, limit_mib, mps_paths
+from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 
 log = structlog.get_logger(__name__)
@@ -115,6 +117,7 @@ class DeviceState:
         *,
         proc_root: Path | None = None,
         driver_name: str = DRIVER_NAME,
+        timeslicer: TimeSlicer | None = None,
         crash_hook: Callable[[str], None] = crash_from_env,
     ) -> None:
         self.inventory = inventory
@@ -127,6 +130,7 @@ class DeviceState:
         self.driver_root = driver_root
         self.proc_root = proc_root
         self.driver_name = driver_name
+        self.timeslicer = timeslicer
         self.crash_hook = crash_hook
         self.store = CheckpointStore(state_dir)
         self._locks: dict[str, threading.Lock] = {}
@@ -145,7 +149,7 @@ class DeviceState:
         with self._claim_lock(ref.uid):
             try:
                 result = self._prepare(ref, claim)
-            except (AllocationError, ConfigError, CdiError, ConflictError, MpsError, MigError) as exc:
+            except (AllocationError, ConfigError, CdiError, ConflictError, MpsError, MigError, TimeSliceError) as exc:
                 bound.warning("prepare failed", error=str(exc))
                 return PrepareResult(error=str(exc))
             except Exception as exc:
@@ -223,6 +227,22 @@ class DeviceState:
         entry = replace(entry, cdi_spec=spec)
         self.store.put(entry)
         self.crash_hook("after-cdi-write")
+
+        slices = tuple(
+            dict.fromkeys(
+                (d.target.gpu.uuid, d.sharing.time_slice_interval)
+                for d in alloc.devices
+                if d.sharing.strategy == Strategy.TIME_SLICING
+            )
+        )
+        if slices and self.timeslicer is not None:
+            # recorded before it is applied, so a crash in between still gets the cards reset
+            entry = replace(entry, time_slices=slices)
+            self.store.put(entry)
+            for gpu_uuid, interval in slices:
+                self.timeslicer.set_interval(gpu_uuid, interval)
+        elif any(interval != "Default" for _, interval in slices):
+            log.warning("time-slice interval not applied: no time slicer configured", claim_uid=alloc.uid)
 
         if use_mps:
             daemon = self._start_mps(alloc, migs, entry.mps, next(iter(percentages)))
@@ -346,7 +366,7 @@ class DeviceState:
                 self.crash_hook("unprepare-after-checkpoint-started")
                 self._teardown(entry)
                 self.store.drop(ref.uid)
-            except (CdiError, MpsError, MigError, OSError) as exc:
+            except (CdiError, MpsError, MigError, TimeSliceError, OSError) as exc:
                 bound.warning("unprepare failed", error=str(exc))
                 return str(exc)
             except Exception as exc:
@@ -360,6 +380,15 @@ class DeviceState:
         if entry.mps is not None or self.mps.is_running(entry.uid):
             self.mps.stop(entry.uid)
         self.crash_hook("unprepare-after-mps-stop")
+        if self.timeslicer is not None:
+            for gpu_uuid, _ in entry.time_slices:
+                # best effort: a card left with a longer slice still works, a stuck unprepare blocks the pod
+                try:
+                    self.timeslicer.set_interval(gpu_uuid, "Default")
+                except TimeSliceError as exc:
+                    log.error(
+                        "cannot reset the time-slice interval", claim_uid=entry.uid, gpu_uuid=gpu_uuid, error=str(exc)
+                    )
         for m in entry.migs:
             self.mig.destroy(m)
         self.crash_hook("unprepare-after-mig-destroy")
@@ -413,6 +442,10 @@ class DeviceState:
         if spec is not None and read_spec(self.cdi_dir, entry.uid) != spec:
             write_spec(self.cdi_dir, entry.uid, spec)
             report.specs_rewritten.append(entry.uid)
+        if self.timeslicer is not None:
+            # a reboot or GPU reset puts the interval back to the default
+            for gpu_uuid, interval in entry.time_slices:
+                self.timeslicer.set_interval(gpu_uuid, interval)
         if mps is not None and (mps != entry.mps or not self.mps.adopt(mps)):
             mps = self.mps.start(entry.uid, mps.gpu_uuids, mps.limits_mib, mps.active_thread_percentage)
             report.mps_restarted.append(entry.uid)

@@ -84,6 +84,10 @@ def test_binaries_and_firmware_are_found(driver_root):
     assert found.binary("nvidia-imex") is None
 
 
+def test_library_dirs_are_where_the_plugin_finds_the_libraries(driver_root):
+    assert discover_driver_root(driver_root).library_dirs() == (driver_root / "usr/lib/x86_64-linux-gnu",)
+
+
 def test_non_executable_binary_is_skipped(driver_root):
     (driver_root / "usr/bin/nvidia-smi").chmod(0o644)
     found = discover_driver_root(driver_root)

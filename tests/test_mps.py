@@ -37,6 +37,8 @@ if sys.argv[1:] == ["-d"]:
         sys.exit(1)
     with open(control, "w") as f:
         f.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    with open(os.path.join(logdir, "daemon.env"), "w") as f:
+        f.write(os.environ.get("LD_LIBRARY_PATH", ""))
     sys.exit(0)
 if not os.path.exists(control):
     print("Cannot find MPS control daemon process", file=sys.stderr)
@@ -184,6 +186,14 @@ def test_real_start_runs_daemon_with_claim_gpus_and_feeds_limits(real):
     # containers of any user must be able to create client pipes and shm segments
     assert stat.S_IMODE(paths.pipe_dir.stat().st_mode) == 0o1777
     assert stat.S_IMODE(paths.shm_dir.stat().st_mode) == 0o1777
+
+
+def test_real_daemon_gets_driver_root_libraries(tmp_path, control_binary):
+    control = NvidiaMpsControl(
+        tmp_path / "state", control_binary, isolate_shm=False, library_dirs=[Path("/driver-root/usr/lib64")]
+    )
+    control.start(UID, ["GPU-a"], [4096], None)
+    assert (mps_paths(control.state_dir, UID).log_dir / "daemon.env").read_text() == "/driver-root/usr/lib64"
 
 
 def test_real_stop_quits_the_daemon_and_removes_its_dirs(real):

@@ -23,6 +23,7 @@ from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
 from kubeletplugin.state import CRASH_ENV, PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
+from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.test_allocation import gpu_config, inventory, make_claim, result, share
 
@@ -200,11 +201,61 @@ def test_overlapping_dynamic_mig_of_another_claim_fails_and_holds_nothing(tmp_pa
     assert read_spec(state.cdi_dir, UID2) is None
 
 
-def test_time_slicing_whole_gpu_prepares(tmp_path):
-    state = make_state(tmp_path)
+def test_time_slicing_sets_the_interval_and_unprepare_resets_it(tmp_path):
+    slicer = RecordingTimeSlicer(tmp_path / "state")
+    state = make_state(tmp_path, timeslicer=slicer)
     got = prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
     assert not got.error
     assert fake_mps(state).daemons() == {}
+    gpu = inventory().gpus[0]
+    assert slicer.intervals() == {gpu.uuid: "Long"}
+    assert state.prepared_claims()[UID].time_slices == ((gpu.uuid, "Long"),)
+    assert state.unprepare(ref()) == ""
+    assert slicer.intervals() == {}
+
+
+def test_time_slicing_without_a_slicer_still_prepares(tmp_path):
+    state = make_state(tmp_path)
+    got = prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
+    assert not got.error
+    assert state.prepared_claims()[UID].time_slices == ()
+
+
+def test_time_slice_failure_fails_the_prepare_and_rolls_back(tmp_path):
+    class Refusing:
+        def set_interval(self, gpu_uuid: str, interval: str) -> None:
+            raise TimeSliceError("nvidia-smi exited with 4: Insufficient Permissions")
+
+    state = make_state(tmp_path, timeslicer=Refusing())
+    got = prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing")])
+    assert got.error == "nvidia-smi exited with 4: Insufficient Permissions"
+    assert state.prepared_claims() == {}
+    assert read_spec(state.cdi_dir, UID) is None
+
+
+def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypatch):
+    slicer = RecordingTimeSlicer(tmp_path / "state")
+    state = make_state(tmp_path, timeslicer=slicer)
+    prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
+
+    def refuse(gpu_uuid: str, interval: str) -> None:
+        raise TimeSliceError("nvidia-smi exited with 4")
+
+    monkeypatch.setattr(slicer, "set_interval", refuse)
+    assert state.unprepare(ref()) == ""
+    assert state.prepared_claims() == {}
+
+
+def test_recover_reapplies_time_slice_intervals(tmp_path):
+    slicer = RecordingTimeSlicer(tmp_path / "state")
+    prepare(
+        make_state(tmp_path, timeslicer=slicer),
+        [result("gpu-2")],
+        [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Short"})],
+    )
+    slicer.path.unlink()  # the GPU was reset
+    make_state(tmp_path, timeslicer=slicer).recover()
+    assert slicer.intervals() == {inventory().gpus[2].uuid: "Short"}
 
 
 def test_whole_gpu_with_mps_config_runs_a_daemon_limited_to_the_card(tmp_path):
