@@ -1,0 +1,185 @@
+"""AdmissionReview v1 in, AdmissionReview v1 out: which checks run for which endpoint and operation,
+and how findings become `allowed`, `status.message`, `warnings` and a JSONPatch.
+
+- /validate-deviceclass: DeviceClass CREATE, and UPDATE when the spec changed (like the apiserver, an
+  unchanged class is not re-judged, so metadata edits of an old class never fail).
+- /validate-resourceclaim: ResourceClaim and ResourceClaimTemplate CREATE (their spec is immutable, so
+  UPDATEs, e.g. status writes and finalizer removal, are always allowed).
+- /mutate-resourceclaim: the multi-card rewrite on CREATE; it denies only what it cannot rewrite.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from controller.claimchecks import check_claim_spec, targets_tessera
+from controller.classchecks import check_device_class
+from controller.context import CheckContext
+from controller.findings import Finding
+from controller.multicard import ANNOTATION, rewrite_claim_spec
+
+log = structlog.get_logger(__name__)
+
+VALIDATE_CLASS = "/validate-deviceclass"
+VALIDATE_CLAIM = "/validate-resourceclaim"
+MUTATE_CLAIM = "/mutate-resourceclaim"
+ENDPOINTS = (VALIDATE_CLASS, VALIDATE_CLAIM, MUTATE_CLAIM)
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+RESOURCE_GROUP = "resource.k8s.io"
+
+Obj = dict[str, Any]
+
+
+class ReviewError(ValueError):
+    """The request body is not an AdmissionReview v1 request (answered with HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: tuple[Obj, ...] = ()
+    kind: str = ""
+
+    @property
+    def outcome(self) -> str:
+        """Label for metrics: denied, mutated, warned or allowed."""
+        if not self.allowed:
+            return "denied"
+        if self.patch:
+            return "mutated"
+        return "warned" if self.warnings else "allowed"
+
+
+class AdmissionHandler:
+    """Turns one AdmissionReview into a response. `context` is called once per review so every review
+    sees the newest inventory snapshot."""
+
+    def __init__(self, context: Callable[[], CheckContext]) -> None:
+        self._context = context
+
+    def review(self, endpoint: str, body: Any) -> tuple[Obj, Verdict]:
+        request = _parse(body)
+        started = time.perf_counter()
+        verdict = self._decide(endpoint, request)
+        log.info(
+            "admission",
+            endpoint=endpoint,
+            kind=verdict.kind,
+            operation=request.get("operation"),
+            namespace=request.get("namespace", ""),
+            name=request.get("name") or ((request.get("object") or {}).get("metadata") or {}).get("name", ""),
+            outcome=verdict.outcome,
+            warnings=len(verdict.warnings),
+            seconds=round(time.perf_counter() - started, 4),
+        )
+        return _response(str(request["uid"]), verdict), verdict
+
+    def _decide(self, endpoint: str, request: Obj) -> Verdict:
+        if endpoint not in ENDPOINTS:
+            raise ReviewError(f"unknown endpoint {endpoint}; tessera serves {', '.join(ENDPOINTS)}")
+        kind_info = request.get("kind") or {}
+        kind = str(kind_info.get("kind", ""))
+        operation = request.get("operation")
+        obj = request.get("object")
+        if operation not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
+            return Verdict(True, kind=kind)
+        if kind_info.get("group") != RESOURCE_GROUP:
+            note = f"tessera does not check {kind} objects of group {kind_info.get('group')}"
+            return Verdict(True, warnings=(note,), kind=kind)
+        if kind_info.get("version") != "v1":
+            note = f"tessera checks resource.k8s.io/v1 only; this {kind} ({kind_info.get('version')}) was not checked"
+            return Verdict(True, warnings=(note,), kind=kind)
+        if endpoint == VALIDATE_CLASS:
+            if kind != "DeviceClass":
+                return Verdict(True, warnings=(f"{VALIDATE_CLASS} expects DeviceClass objects, got {kind}",), kind=kind)
+            old = request.get("oldObject")
+            if operation == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
+                return Verdict(True, kind=kind)
+            return _judged(check_device_class(obj, self._context()).findings, kind, _name(obj))
+        if kind not in CLAIM_KINDS:
+            note = f"{endpoint} expects ResourceClaim or ResourceClaimTemplate, got {kind}"
+            return Verdict(True, warnings=(note,), kind=kind)
+        if operation != "CREATE":
+            return Verdict(True, kind=kind)
+        spec, path = _claim_spec(obj, kind)
+        ctx = self._context()
+        if endpoint == MUTATE_CLAIM:
+            return _mutation(obj, spec, path, kind, ctx)
+        return _judged(check_claim_spec(spec, path, ctx).findings, kind, _name(obj))
+
+
+def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:
+    result = rewrite_claim_spec(spec, path, lambda name: targets_tessera(ctx, name))
+    if result.findings:
+        return _judged(result.findings, kind, _name(obj))
+    if not result.changed:
+        return Verdict(True, kind=kind)
+    pointer = "/spec/devices" if path == "spec" else "/spec/spec/devices"
+    patch: list[Obj] = [{"op": "replace", "path": pointer, "value": result.spec["devices"]}]
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if isinstance(annotations, dict):
+        key = ANNOTATION.replace("~", "~0").replace("/", "~1")
+        patch.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": result.annotation()})
+    else:
+        patch.append({"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: result.annotation()}})
+    return Verdict(True, warnings=result.warnings, patch=tuple(patch), kind=kind)
+
+
+def _claim_spec(obj: Obj, kind: str) -> tuple[Any, str]:
+    spec = obj.get("spec")
+    if kind == "ResourceClaimTemplate":
+        return (spec.get("spec") if isinstance(spec, dict) else None), "spec.spec"
+    return spec, "spec"
+
+
+def _name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    namespace = meta.get("namespace")
+    return f"{namespace}/{name}" if namespace else str(name)
+
+
+def _judged(findings: tuple[Finding, ...] | list[Finding], kind: str, name: str) -> Verdict:
+    errors = [f for f in findings if f.severity == "error"]
+    warnings = tuple(f"{f.path}: {f.message}" for f in findings if f.severity == "warning")
+    if not errors:
+        return Verdict(True, warnings=warnings, kind=kind)
+    lines = "\n".join(f"{f.path}: {f.message}" for f in errors)
+    plural = "s" if len(errors) > 1 else ""
+    message = f'tessera rejected {kind} "{name}" ({len(errors)} error{plural}):\n{lines}'
+    return Verdict(False, message, warnings, kind=kind)
+
+
+def _parse(body: Any) -> Obj:
+    if not isinstance(body, dict):
+        raise ReviewError("body must be a JSON object (an AdmissionReview)")
+    if body.get("apiVersion") != "admission.k8s.io/v1" or body.get("kind") != "AdmissionReview":
+        raise ReviewError(
+            f"expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got "
+            f"{body.get('apiVersion')!r} {body.get('kind')!r}"
+        )
+    request = body.get("request")
+    if not isinstance(request, dict) or not request.get("uid"):
+        raise ReviewError("AdmissionReview.request with a uid is required")
+    return request
+
+
+def _response(uid: str, verdict: Verdict) -> Obj:
+    response: Obj = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
+    if verdict.warnings:
+        response["warnings"] = list(verdict.warnings)
+    if verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
