@@ -212,6 +212,8 @@ class NvidiaMpsControl:
         if self.is_running(claim_uid):
             # settings may differ from what is running; a fresh daemon is the only way to be sure
             self.stop(claim_uid)
+        # a daemon that died leaves its control socket and lock behind, which a new one trips over
+        shutil.rmtree(paths.pipe_dir, ignore_errors=True)
         _make_dirs(paths)
         if self.isolate_shm:
             cmd = [
@@ -291,8 +293,9 @@ def _daemon_pids(pipe_dir: Path) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            comm = (entry / "comm").read_text().strip()
-            if comm not in MPS_DAEMON_NAMES:
+            # not /proc/<pid>/comm: the kernel cuts it to 15 characters, both names become "nvidia-cuda-mps"
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            if os.path.basename(argv0.decode(errors="replace")) not in MPS_DAEMON_NAMES:
                 continue
             if wanted in (entry / "environ").read_bytes().split(b"\0"):
                 pids.append(int(entry.name))

@@ -7,7 +7,10 @@ daemon listens), so the subprocess handling, environment and command lines are e
 
 from __future__ import annotations
 
+import shutil
+import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -202,6 +205,34 @@ def test_real_stop_quits_the_daemon_and_removes_its_dirs(real):
     assert not real.is_running(UID)
     assert not mps_paths(real.state_dir, UID).root.exists()
     real.stop(UID)  # idempotent
+
+
+def test_real_stop_kills_leftover_mps_processes_of_this_claim_only(tmp_path, real):
+    # stand-ins named like MPS servers: argv[0] is what tessera recognises them by
+    server = tmp_path / "bin" / "nvidia-cuda-mps-server"
+    server.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    paths = mps_paths(real.state_dir, UID)
+    other = mps_paths(real.state_dir, "other-claim")
+    mine = subprocess.Popen([str(server), "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe_dir)})
+    theirs = subprocess.Popen([str(server), "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(other.pipe_dir)})
+    try:
+        real.stop(UID)
+        assert mine.wait(timeout=10) == -signal.SIGKILL
+        assert theirs.poll() is None
+    finally:
+        for proc in (mine, theirs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_real_start_clears_a_dead_daemons_pipe_dir(real):
+    paths = mps_paths(real.state_dir, UID)
+    paths.pipe_dir.mkdir(parents=True)
+    (paths.pipe_dir / "control_lock").write_text("stale")
+    real.start(UID, ["GPU-a"], [4096], None)
+    assert not (paths.pipe_dir / "control_lock").exists()
+    assert real.is_running(UID)
 
 
 def test_real_is_running_is_false_without_a_daemon(real):
