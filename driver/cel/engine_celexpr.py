@@ -282,15 +282,13 @@ class CelExprProgram:
         self._expression = expression
 
     def evaluate(self, device: DeviceView) -> object:
-        data = device._cache.get("celexpr")
-        if data is None:
-            data = device._cache.setdefault("celexpr", {"device": _device_data(device)})
-        _seen.table = {}
-        for caps in device.capacity.values():
-            for q in caps.values():
-                quantity_to_msg(q)
+        cached = device._cache.get("celexpr")
+        if cached is None:
+            cached = device._cache.setdefault("celexpr", _DeviceInput(device))
+        assert isinstance(cached, _DeviceInput)
+        _seen.table = dict(cached.quantities)
         try:
-            result = self._expression.eval(data=data)
+            result = self._expression.eval(cached.activation)
         except Exception as e:  # the binding raises for values it cannot convert
             raise CelRuntimeError(str(e)) from e
         if result.type() == cel.Type.ERROR:
@@ -302,6 +300,32 @@ def _runtime_message(text: str) -> str:
     text = re.sub(r"^[A-Z_]+: ", "", text)
     m = re.match(r'Key not found in map : "?(.*?)"?$', text)
     return f"no such key: {m.group(1)}" if m else text
+
+
+class _DeviceInput:
+    """A device converted once: its CEL data, its quantities, and one activation per thread.
+
+    An activation owns an arena that evaluation allocates from, so threads do not share one.
+    """
+
+    def __init__(self, device: DeviceView) -> None:
+        self.data = {"device": _device_data(device)}
+        self._local = threading.local()
+        self.quantities = {
+            (m.numerator, m.denominator): q
+            for caps in device.capacity.values()
+            for q in caps.values()
+            for m in (quantity_to_msg(q, remember=False),)
+        }
+
+
+    @property
+    def activation(self) -> Any:
+        activation = getattr(self._local, "activation", None)
+        if activation is None:
+            activation = _env().Activation(self.data)
+            self._local.activation = activation
+        return activation
 
 
 def _device_data(device: DeviceView) -> Mapping[str, Any]:
