@@ -188,7 +188,7 @@ class ClusterCache:
         for reflector in self._reflectors:
             reflector._stop.set()
         for reflector in self._reflectors:
-            reflector.stop(timeout=2.0)
+            reflector.stop(timeout=1.0)
 
     def synced(self) -> bool:
         return self.slices.synced.is_set() and self.classes.synced.is_set()

@@ -1,14 +1,60 @@
-"""`tessera controller` (being written)."""
+"""`tessera controller`: the admission webhook, the inventory cache and the controller's metrics."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from types import FrameType
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+    parser.add_argument("--tls-cert", required=True, help="PEM certificate of the webhook (reloaded when it changes)")
+    parser.add_argument("--tls-key", required=True, help="PEM private key of the webhook")
+    parser.add_argument("--listen", default=":8443", help="HOST:PORT of the HTTPS webhook (default :8443)")
+    parser.add_argument("--metrics-addr", default=":9401", help="HOST:PORT of /metrics (default :9401; empty: off)")
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    raise SystemExit("tessera controller: not available in this build yet")
+    import ssl
+
+    import structlog
+
+    from controller.app import ControllerApp, parse_address
+    from driver.kubeapi import RealKubeAPI
+
+    log = structlog.get_logger("tessera.controller")
+    try:
+        listen = parse_address(args.listen, 8443)
+        metrics = parse_address(args.metrics_addr, 9401) if args.metrics_addr else None
+    except ValueError as exc:
+        log.error("bad address", error=str(exc))
+        return 2
+    try:
+        api = RealKubeAPI(args.kubeconfig)
+    except Exception as exc:  # the client raises ConfigException, OSError, YAML errors alike
+        log.error("cannot load the Kubernetes client configuration", kubeconfig=args.kubeconfig, error=str(exc))
+        return 1
+    try:
+        app = ControllerApp(
+            api, tls_cert=args.tls_cert, tls_key=args.tls_key, listen=listen,
+            metrics_addr=metrics,
+        )
+    except (OSError, ssl.SSLError) as exc:
+        log.error("cannot start the webhook", error=str(exc), tls_cert=args.tls_cert, tls_key=args.tls_key)
+        return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("shutting down", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    app.start()
+    log.info("controller started", listen=args.listen, metrics=args.metrics_addr)
+    stop.wait()
+    app.stop()
+    return 0

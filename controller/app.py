@@ -1,0 +1,79 @@
+"""The controller process: inventory cache + admission webhook + metrics, wired together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from controller.admission import AdmissionHandler
+from controller.context import CheckContext
+from controller.informer import ClusterCache, ClusterReader
+from controller.metrics import ControllerMetrics
+from controller.prototypes import prototype_index
+from controller.schema import published_schema
+from controller.webhook import CertificateStore, WebhookServer
+
+log = structlog.get_logger(__name__)
+
+
+def parse_address(text: str, default_port: int) -> tuple[str, int]:
+    """`:8443` -> ("", 8443); `127.0.0.1:0`; `[::1]:8443`. Raises ValueError with the expected form."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, str(default_port)
+    host = host.strip("[]")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. :8443 or 127.0.0.1:8443)")
+    return host, int(port)
+
+
+class ControllerApp:
+    def __init__(
+        self,
+        api: ClusterReader,
+        *,
+        tls_cert: str,
+        tls_key: str,
+        listen: tuple[str, int],
+        metrics_addr: tuple[str, int] | None,
+        **cache_options: Any,
+    ) -> None:
+        self.cache = ClusterCache(api, **cache_options)
+        self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
+        self.handler = AdmissionHandler(self.context)
+        self.webhook = WebhookServer(
+            self.handler,
+            CertificateStore(tls_cert, tls_key),
+            listen[0],
+            listen[1],
+            observe=self.metrics.observe,
+            ready=self.cache.synced,
+        )
+        self._metrics_addr = metrics_addr
+        self._metrics_server: Any = None
+
+    def context(self) -> CheckContext:
+        synced = self.cache.synced()
+        return CheckContext(
+            schema=published_schema(),
+            prototypes=prototype_index(),
+            inventory=self.cache.index() if synced else None,
+            classes=self.cache.device_classes() if synced else {},
+            classes_complete=synced,
+        )
+
+    def start(self) -> None:
+        prototype_index()  # build the sample devices before the first review, not during it
+        self.cache.start()
+        if self._metrics_addr is not None:
+            self._metrics_server = self.metrics.serve(*self._metrics_addr)
+        self.webhook.start()
+
+    def stop(self) -> None:
+        self.webhook.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        self.cache.stop()
+        log.info("controller stopped")
