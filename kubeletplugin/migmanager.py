@@ -238,27 +238,24 @@ class NvmlMigManager:
         raise MigError(f"created GPU instance {gi_id} / compute instance {ci_id} but NVML lists no such MIG device")
 
     def destroy(self, mig: CreatedMig) -> None:
+        """Destroy the instance if it is still the one tessera created; an id reused by another is left alone."""
         nv = self.nvml
         with self.journal.lock:
-            try:
-                handle = nv.nvmlDeviceGetHandleByUUID(mig.gpu_uuid)
-                gi = nv.nvmlDeviceGetGpuInstanceById(handle, mig.gpu_instance_id)
-            except nv.NVMLError as exc:
-                if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:
-                    raise MigError(f"destroying MIG GPU instance {mig.gpu_instance_id}: {exc}") from exc
-            else:
+            if self.exists(mig):
                 try:
+                    handle = nv.nvmlDeviceGetHandleByUUID(mig.gpu_uuid)
+                    gi = nv.nvmlDeviceGetGpuInstanceById(handle, mig.gpu_instance_id)
                     ci = nv.nvmlGpuInstanceGetComputeInstanceById(gi, mig.compute_instance_id)
                     nv.nvmlComputeInstanceDestroy(ci)
-                except nv.NVMLError as exc:
-                    if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:
-                        raise MigError(f"destroying MIG compute instance {mig.compute_instance_id}: {exc}") from exc
-                try:
                     nv.nvmlGpuInstanceDestroy(gi)
                 except nv.NVMLError as exc:
-                    raise MigError(f"destroying MIG GPU instance {mig.gpu_instance_id}: {exc}") from exc
+                    raise MigError(
+                        f"destroying MIG instance {mig.uuid} (GPU instance {mig.gpu_instance_id}): {exc}"
+                    ) from exc
+                log.info("mig instance destroyed", gpu_uuid=mig.gpu_uuid, gi=mig.gpu_instance_id)
+            else:
+                log.info("mig instance already gone", gpu_uuid=mig.gpu_uuid, gi=mig.gpu_instance_id, uuid=mig.uuid)
             self.journal.save([m for m in self.journal.load() if m != mig])
-        log.info("mig instance destroyed", gpu_uuid=mig.gpu_uuid, gi=mig.gpu_instance_id)
 
     def exists(self, mig: CreatedMig) -> bool:
         nv = self.nvml

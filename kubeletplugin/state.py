@@ -199,6 +199,7 @@ class DeviceState:
                 gpu_uses=uses,
                 mps=entry.mps if entry else None,
                 migs=entry.migs if entry else (),
+                time_slices=entry.time_slices if entry else (),
             )
             entries[ref.uid] = entry
         self.crash_hook("after-checkpoint-started")
@@ -275,6 +276,7 @@ class DeviceState:
     def _create_migs(self, alloc: ClaimAllocation, entry: ClaimEntry) -> dict[str, CreatedMig]:
         """Dynamic MIG instances by device name, reusing the ones the entry already records."""
         out: dict[str, CreatedMig] = {}
+        gone: list[CreatedMig] = []
         for d in alloc.devices:
             t = d.target
             if not t.is_dynamic_mig or d.device in out or t.mig_profile is None or t.placement is None:
@@ -290,9 +292,11 @@ class DeviceState:
             if known is not None and self.mig.exists(known):
                 out[d.device] = known
                 continue
+            if known is not None:
+                gone.append(known)
             out[d.device] = self.mig.create(t.gpu, t.mig_profile, t.placement)
             # recorded at once: a crash before the next checkpoint write must not leak the instance
-            kept = tuple(m for m in entry.migs if m not in out.values())
+            kept = tuple(m for m in entry.migs if m not in out.values() and m not in gone)
             self.store.put(replace(entry, migs=(*kept, *out.values())))
         return out
 

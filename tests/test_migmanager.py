@@ -260,6 +260,28 @@ def test_nvml_destroy_removes_both_instances_and_is_idempotent(tmp_path, nvml):
     assert not manager.exists(mig)
 
 
+def test_nvml_destroy_leaves_an_instance_that_reused_the_id_alone(tmp_path, nvml):
+    manager = NvmlMigManager(tmp_path, nvml)
+    mig = manager.create(gpu(), P["2g.20gb"], 2)
+    nvml.instances[1]["cis"][0] = "MIG-someone-else"  # GPU reset, then an admin created an instance with id 1
+    manager.destroy(mig)
+    assert nvml.instances[1]["cis"] == {0: "MIG-someone-else"}
+    assert manager.created() == []
+
+
+def test_nvml_destroy_failure_is_a_mig_error_and_keeps_the_record(tmp_path, nvml, monkeypatch):
+    manager = NvmlMigManager(tmp_path, nvml)
+    mig = manager.create(gpu(), P["2g.20gb"], 2)
+
+    def busy(gi):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
+
+    monkeypatch.setattr(nvml, "nvmlGpuInstanceDestroy", busy)
+    with pytest.raises(MigError, match=r"destroying MIG instance MIG-1-0 \(GPU instance 1\)"):
+        manager.destroy(mig)
+    assert manager.created() == [mig]
+
+
 def test_nvml_unknown_profile_is_an_error(tmp_path, nvml):
     odd = SimpleNamespace(name="5g.50gb", compute_slices=5, memory_slices=5, memory_bytes=50 * 1024**3)
     with pytest.raises(MigError, match=r"no MIG profile matching 5g\.50gb"):
