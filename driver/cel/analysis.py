@@ -190,6 +190,8 @@ _UNCHECKED_FUNCTIONS = frozenset({
 _MACROS_1VAR = frozenset({"all", "exists", "exists_one", "map", "filter", "sortBy"})
 _MACROS_2VAR = frozenset({"all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry"})
 _REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})
+_TYPE_NAMES = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
+_NOT_INDEXABLE = frozenset({"string", "bytes", "int", "uint", "double", "bool", "null", "quantity", "semver", "type"})
 
 
 def _compatible(actual: str, expected: str) -> bool:
@@ -243,6 +245,8 @@ class _Analyzer:
                 return scope.vars[n.name], 1
             if n.name == "device":
                 return T("device"), 1
+            if n.name in _TYPE_NAMES:
+                return T("type", 1), 1
             self.issue(n.offset, f"undeclared reference to '{n.name}'")
             return DYN, 1
         if isinstance(n, Select):
@@ -314,6 +318,9 @@ class _Analyzer:
         if base.name in ("device", "attrs", "attrmap", "caps", "capmap") and key_t.name not in ("string", "dyn"):
             self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(map(string, ...), "
                                        f"{key_t.name})': keys of device maps are strings")
+        if base.name in _NOT_INDEXABLE:
+            self.issue(n.offset, f"found no matching overload for '_[_]' applied to '({base.name}, {key_t.name})'")
+            return DYN, cost
         if isinstance(n.index, Literal) and isinstance(n.index.value, str):
             result = self.member_of(base, n.index.value, n, literal=True, facts=facts, guarded=n.optional)
         else:

@@ -268,6 +268,7 @@ def rewrite_for_celexpr(ast: Node) -> Node:
 
 
 _ERROR_RE = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
+_RECURSION = re.compile(r"recursion limit exceeded|max recursion depth", re.IGNORECASE)
 _MIXED_NUMERIC = re.compile(r"found no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), "
                             r"(int|uint|double)\)'")
 
@@ -350,6 +351,10 @@ class CelExprEngine:
                 env.compile(expression)
             except RuntimeError as e:
                 real = [err for err in _compile_errors(e) if not _MIXED_NUMERIC.search(err[2])]
+                if any(_RECURSION.search(err[2]) for err in real):
+                    # redundant parentheses count towards cel-cpp's nesting limit of 32; the
+                    # rewritten text below has only the ones precedence needs
+                    real = []
                 if real:
                     line, column, message = real[0]
                     raise CelCompileError(expression, column, message, line=line) from None

@@ -155,7 +155,9 @@ def _go_equal(a: Any, b: Any) -> Any:
     if isinstance(b, Quantity | Version):
         return celtypes.BoolType(False)
     if _numeric(a) and _numeric(b):
-        return celtypes.BoolType(float(a) == float(b) if isinstance(a, float) or isinstance(b, float) else a == b)
+        if any(isinstance(x, float) and math.isnan(x) for x in (a, b)):
+            return celtypes.BoolType(False)
+        return celtypes.BoolType(Fraction(a) == Fraction(b))
     if type(a) is not type(b) and not (isinstance(a, celtypes.MapType) and isinstance(b, celtypes.MapType)):
         return celtypes.BoolType(False)
     return base_functions["_==_"](a, b)

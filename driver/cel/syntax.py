@@ -591,24 +591,42 @@ def _literal_text(n: Literal) -> str:
         if text in ("inf", "-inf", "nan"):
             return f'double("{text.replace("inf", "Infinity").replace("nan", "NaN")}")'
         return text if any(c in text for c in ".e") else text + ".0"
-    if n.kind == "int" and isinstance(n.value, int) and n.value == -(1 << 63):
-        return "-9223372036854775808"
     return str(n.value)
 
 
+_PRECEDENCE = {"_?_:_": 0, "_||_": 1, "_&&_": 2, "_<_": 3, "_<=_": 3, "_>_": 3, "_>=_": 3, "_==_": 3, "_!=_": 3,
+               "@in": 3, "_+_": 4, "_-_": 4, "_*_": 5, "_/_": 5, "_%_": 5, "!_": 6, "-_": 6}
+_PRIMARY = 7
+
+
+def _precedence(n: Node) -> int:
+    if isinstance(n, Call) and n.target is None and n.function in _PRECEDENCE:
+        return _PRECEDENCE[n.function]
+    if isinstance(n, Literal) and isinstance(n.value, int | float) and not isinstance(n.value, bool) and n.value < 0:
+        return _PRECEDENCE["-_"]
+    return _PRIMARY
+
+
+def _operand(n: Node, minimum: int) -> str:
+    text = unparse(n)
+    return f"({text})" if _precedence(n) < minimum else text
+
+
 def unparse(n: Node) -> str:
-    """CEL source for n, with every compound subexpression parenthesized."""
+    """CEL source for n, parenthesized only where precedence requires it.
+
+    Keeping parentheses minimal matters: cel-cpp rejects expressions nested deeper than 32.
+    """
     if isinstance(n, Literal):
-        text = _literal_text(n)
-        return f"({text})" if text.startswith("-") else text
+        return _literal_text(n)
     if isinstance(n, Ident):
         return n.name
     if isinstance(n, Select):
         if n.test_only:
-            return f"has({unparse(n.operand)}.{n.field})"
-        return f"{unparse(n.operand)}{'.?' if n.optional else '.'}{n.field}"
+            return f"has({_operand(n.operand, _PRIMARY)}.{n.field})"
+        return f"{_operand(n.operand, _PRIMARY)}{'.?' if n.optional else '.'}{n.field}"
     if isinstance(n, Index):
-        return f"{unparse(n.operand)}{'[?' if n.optional else '['}{unparse(n.index)}]"
+        return f"{_operand(n.operand, _PRIMARY)}{'[?' if n.optional else '['}{unparse(n.index)}]"
     if isinstance(n, ListLit):
         parts = [("?" if (n.optional and n.optional[i]) else "") + unparse(e) for i, e in enumerate(n.elements)]
         return "[" + ", ".join(parts) + "]"
@@ -620,19 +638,24 @@ def unparse(n: Node) -> str:
         return n.type_name + "{" + ", ".join(parts) + "}"
     assert isinstance(n, Call)
     if n.target is None:
-        if n.function in _BINARY_TEXT and len(n.args) == 2:
-            return f"({unparse(n.args[0])} {_BINARY_TEXT[n.function]} {unparse(n.args[1])})"
-        if n.function == "!_":
-            return f"(!{unparse(n.args[0])})"
-        if n.function == "-_":
-            return f"(-{unparse(n.args[0])})"
-        if n.function == "_[_]" and len(n.args) == 2:
-            return f"({unparse(n.args[0])})[{unparse(n.args[1])}]"
+        prec = _PRECEDENCE.get(n.function)
+        if n.function in _BINARY_TEXT and len(n.args) == 2 and prec is not None:
+            # left-associative: the right operand binds tighter
+            left = _operand(n.args[0], prec)
+            right = _operand(n.args[1], prec + 1)
+            return f"{left} {_BINARY_TEXT[n.function]} {right}"
+        if n.function in ("!_", "-_"):
+            op = "!" if n.function == "!_" else "-"
+            inner = _operand(n.args[0], _PRECEDENCE["!_"])
+            # "- -1" must not turn into "--1"
+            return f"{op}{' ' if inner.startswith(op) else ''}{inner}"
         if n.function == "_?_:_":
-            a, b, c = (unparse(x) for x in n.args)
-            return f"({a} ? {b} : {c})"
+            cond, then, other = n.args
+            return f"{_operand(cond, 1)} ? {_operand(then, 1)} : {_operand(other, 0)}"
+        if n.function == "_[_]" and len(n.args) == 2:
+            return f"{_operand(n.args[0], _PRIMARY)}[{unparse(n.args[1])}]"
         return f"{n.function}({', '.join(unparse(a) for a in n.args)})"
-    return f"{unparse(n.target)}.{n.function}({', '.join(unparse(a) for a in n.args)})"
+    return f"{_operand(n.target, _PRIMARY)}.{n.function}({', '.join(unparse(a) for a in n.args)})"
 
 
 def line_and_column(src: str, offset: int) -> tuple[int, int]:
