@@ -19,6 +19,7 @@ claim again; completed claims get their CDI specs and MPS daemons back.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -266,7 +267,7 @@ class DeviceState:
                 for theirs in other.gpu_uses:
                     if mine.gpu_uuid != theirs.gpu_uuid or mine.kind == theirs.kind != "exclusive":
                         continue
-                    gpu = self.inventory.gpu_by_uuid(mine.gpu_uuid).device_name
+                    gpu = next((g.device_name for g in self.inventory.gpus if g.uuid == mine.gpu_uuid), mine.gpu_uuid)
                     raise ConflictError(
                         f"{gpu} is already prepared for claim {other.namespace}/{other.name} ({theirs.kind} use); "
                         f"this claim needs it for {mine.kind} use, which cannot coexist; it can be prepared once "
@@ -461,19 +462,28 @@ class DeviceState:
         entries = self.store.load()
         for uid in claim_spec_uids(self.cdi_dir):
             if uid not in entries:
-                remove_spec(self.cdi_dir, uid)
+                self._cleanup(report, f"cdi:{uid}", functools.partial(remove_spec, self.cdi_dir, uid))
                 report.orphan_specs_removed.append(uid)
         known = {m for e in entries.values() for m in e.migs}
         for m in self.mig.created():
             if m not in known:
-                self.mig.destroy(m)
+                self._cleanup(report, f"mig:{m.uuid}", functools.partial(self.mig.destroy, m))
                 report.orphan_migs_destroyed.append(m.uuid)
         mps_root = self.state_dir / "mps"
         if mps_root.is_dir():
             for d in sorted(mps_root.iterdir()):
                 if d.name not in entries:
-                    self.mps.stop(d.name)
+                    self._cleanup(report, f"mps:{d.name}", functools.partial(self.mps.stop, d.name))
                     report.orphan_mps_stopped.append(d.name)
+
+    @staticmethod
+    def _cleanup(report: RecoveryReport, what: str, action: Callable[[], object]) -> None:
+        """One orphan's cleanup; a failure is reported, it must not keep the plugin from starting."""
+        try:
+            action()
+        except Exception as exc:
+            log.exception("orphan cleanup failed", orphan=what)
+            report.failed[what] = str(exc)
 
 
 def _mig_renames(old: CreatedMig, new: CreatedMig, proc_root: Path | None) -> dict[str, str]:

@@ -594,6 +594,17 @@ def test_recover_removes_orphans(tmp_path):
     assert state.prepared_claims()[UID].state == ClaimState.PREPARE_COMPLETED
 
 
+def test_recover_reports_an_orphan_it_cannot_clean_and_goes_on(tmp_path):
+    state = make_state(tmp_path)
+    (state.state_dir / "mps" / "not a uid").mkdir(parents=True)
+    orphan_uid = "deadbeef-0000-4000-8000-000000000000"
+    write_spec(state.cdi_dir, orphan_uid, {"kind": "gpu.tessera.dev/claim"})
+    report = make_state(tmp_path).recover()
+    assert "is not a plain token" in report.failed["mps:not a uid"]
+    assert report.orphan_specs_removed == [orphan_uid]
+    assert claim_spec_uids(state.cdi_dir) == []
+
+
 def test_recover_with_corrupt_checkpoint_starts_empty_and_cleans_up(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [result("gpu-0")])
