@@ -114,6 +114,14 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
                 f'DeviceClass "{class_name}" does not exist; pods using this claim stay Pending until it is created',
             )
         )
+    elif ctx.inventory is not None:
+        findings.append(
+            warning(
+                f"{path}.deviceClassName",
+                f'DeviceClass "{class_name}" is not among the checked objects; give its file too (or --kubeconfig) '
+                "to count the devices this request matches",
+            )
+        )
     used_by = "this claim"
     before = len(findings)
     compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"')
@@ -130,7 +138,7 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
 
     result = None
     own_errors = [f for f in findings[before:] if f.severity == "error"]
-    if ctx.inventory is not None and not own_errors:
+    if ctx.inventory is not None and not own_errors and (cls is not None or ctx.classes_complete):
         result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
         mine = MatchResult(
             result.per_node,

@@ -1,14 +1,110 @@
-"""`tessera check` (being written)."""
+"""`tessera check FILE... [--slices FILE | --kubeconfig K]`: the admission checks, offline.
+
+Prints each DeviceClass/ResourceClaim/ResourceClaimTemplate with its findings (error or warning, with
+the field path) and, per class and request, how many devices match on which nodes. Exit status 1 when
+any error was found, 2 when the input cannot be read.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, or kind: List)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--slices", metavar="FILE", help="ResourceSlices to match against (e.g. `tessera inventory -o yaml` output)"
+    )
+    source.add_argument("--kubeconfig", metavar="K", help="read ResourceSlices and DeviceClasses from this cluster")
+
+
+class InputError(Exception):
+    """A file that cannot be read or parsed."""
+
+
+def load_documents(path: str) -> list[tuple[str, Any]]:
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML/JSON: {exc}") from exc
+    if len(docs) == 1:
+        return [(path, docs[0])]
+    return [(f"{path} (document {i + 1})", doc) for i, doc in enumerate(docs)]
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    raise SystemExit("tessera check: not available in this build yet")
+    return check_files(args.files, slices=args.slices, kubeconfig=args.kubeconfig, out=sys.stdout, err=sys.stderr)
+
+
+def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
+    from controller.context import CheckContext
+    from controller.inventory import DeviceIndex
+    from controller.offline import check_objects, flatten
+    from controller.prototypes import prototype_index
+    from controller.schema import published_schema
+
+    try:
+        objects = flatten(doc for f in files for doc in load_documents(f))
+        ctx = CheckContext(schema=published_schema(), prototypes=prototype_index())
+        if slices:
+            items = [o.obj for o in flatten(load_documents(slices)) if o.obj.get("kind") in ("ResourceSlice", None)]
+            ctx.inventory = DeviceIndex.from_slices(items)
+        elif kubeconfig:
+            _load_cluster(ctx, kubeconfig)
+    except InputError as exc:
+        print(f"tessera check: {exc}", file=err)
+        return 2
+
+    results = check_objects(objects, ctx)
+    errors = warnings = 0
+    for result in results:
+        if result.skipped:
+            print(f"{result.source}: {result.kind} {result.name}: skipped ({result.skipped})", file=out)
+            continue
+        print(f"{result.source}: {result.kind} {result.name}".rstrip(), file=out)
+        if not result.targets_tessera:
+            print("  not a tessera object (no tessera class, selector or config): nothing to check", file=out)
+            continue
+        for line in result.rewrites:
+            print(f"  rewritten: {line}", file=out)
+        for finding in result.findings:
+            text = str(finding).replace("\n", "\n      ")
+            print(f"  {text}", file=out)
+        for what, match in result.matches:
+            if match is not None:
+                print(f"  {what}: matches {match.summary()}", file=out)
+        errors += sum(f.severity == "error" for f in result.findings)
+        warnings += sum(f.severity == "warning" for f in result.findings)
+    checked = sum(1 for r in results if not r.skipped)
+    if ctx.inventory is None:
+        print("no inventory given: use --slices FILE or --kubeconfig K to see which devices match", file=out)
+    print(f"{checked} object(s) checked: {errors} error(s), {warnings} warning(s)", file=out)
+    return 1 if errors else 0
+
+
+def _load_cluster(ctx: Any, kubeconfig: str) -> None:
+    from controller.findings import DRIVER
+    from controller.inventory import DeviceIndex
+    from driver.kubeapi import ApiError, RealKubeAPI
+
+    try:
+        api = RealKubeAPI(kubeconfig)
+        slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER}").get("items") or []
+        classes = api.list_device_classes().get("items") or []
+    except ApiError as exc:
+        raise InputError(f"cannot read from the cluster: {exc}") from exc
+    except Exception as exc:  # kubeconfig parse errors come as several exception types
+        raise InputError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+    ctx.inventory = DeviceIndex.from_slices(slices)
+    ctx.classes = {str((c.get("metadata") or {}).get("name")): c for c in classes}
+    ctx.classes_complete = True
