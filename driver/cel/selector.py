@@ -123,7 +123,10 @@ def _compile(expression: str, engine: str) -> CompiledSelector:
     except CelSyntaxError as e:
         line, column = line_and_column(expression, e.offset)
         raise CelCompileError(expression, column, f"syntax error: {e.message}", line=line) from None
-    analysis = analyze(expression, ast)
+    try:
+        analysis = analyze(expression, ast)
+    except RecursionError:
+        raise CelCompileError(expression, 0, "expression nested too deeply") from None
     if analysis.issues:
         first = min(analysis.issues, key=lambda i: i.offset)
         line, column = line_and_column(expression, first.offset)

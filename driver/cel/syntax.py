@@ -406,8 +406,10 @@ class _Parser:
                 inner = self.expr()
                 self.expect(")")
                 return inner
-            if t.text == "[":
-                elements, optional = self.list_elements()
+            if t.text in ("[", "[?"):
+                # the lexer reads "[?" as the optional-index token; here it opens a list whose
+                # first element is optional
+                elements, optional = self.list_elements(first_optional=t.text == "[?")
                 return ListLit(t.offset, elements, optional)
             if t.text == "{":
                 return MapLit(t.offset, self.map_entries())
@@ -427,12 +429,13 @@ class _Parser:
             self.expect(close)
             return tuple(items)
 
-    def list_elements(self) -> tuple[tuple[Node, ...], tuple[bool, ...]]:
+    def list_elements(self, *, first_optional: bool = False) -> tuple[tuple[Node, ...], tuple[bool, ...]]:
         items: list[Node] = []
         optional: list[bool] = []
-        while not self.at("]"):
-            is_opt = False
-            if self.at("?"):
+        while first_optional or not self.at("]"):
+            is_opt = first_optional
+            first_optional = False
+            if not is_opt and self.at("?"):
                 self.next()
                 is_opt = True
             items.append(self.expr())
@@ -494,9 +497,15 @@ def _type_name(node: Node) -> str:
 
 
 def parse(src: str) -> Node:
-    """Parse CEL source; raises CelSyntaxError with the offending offset."""
-    ast = _Parser(src).parse()
-    return _expand_has(ast)
+    """Parse CEL source; raises CelSyntaxError with the offending offset.
+
+    Nesting is limited by MAX_RECURSION and, before that, by Python's own recursion limit
+    (about 90 levels of parentheses with the default limit of 1000).
+    """
+    try:
+        return _expand_has(_Parser(src).parse())
+    except RecursionError:
+        raise CelSyntaxError(0, "expression nested too deeply") from None
 
 
 def _expand_has(node: Node) -> Node:
@@ -646,7 +655,10 @@ def unparse(n: Node) -> str:
             return f"{left} {_BINARY_TEXT[n.function]} {right}"
         if n.function in ("!_", "-_"):
             op = "!" if n.function == "!_" else "-"
-            inner = _operand(n.args[0], _PRECEDENCE["!_"])
+            operand = n.args[0]
+            inner = _operand(operand, _PRECEDENCE["!_"])
+            if op == "-" and isinstance(operand, Literal) and operand.kind in ("int", "double"):
+                inner = f"({inner})"  # keep -(x) a negation instead of a folded literal
             # "- -1" must not turn into "--1"
             return f"{op}{' ' if inner.startswith(op) else ''}{inner}"
         if n.function == "_?_:_":
