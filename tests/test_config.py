@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from driver.config import (
     API_VERSION,
@@ -279,3 +281,35 @@ def test_time_slicing_settings_on_memory_share_default_is_an_error():
     with pytest.raises(ConfigError) as info:
         resolve_sharing(config, memory_share=True, mig=False, where=W)
     assert str(info.value) == f"{W}: sharing.timeSlicing is set but the strategy is MPS; set strategy TimeSlicing"
+
+
+# --- arbitrary input --------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=12), children, max_size=3),
+    max_leaves=12,
+)
+sharing_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "strategy": st.sampled_from(["Exclusive", "MPS", "TimeSlicing", "mps", 3]),
+        "mps": st.fixed_dictionaries({}, optional={"activeThreadPercentage": st.integers(-5, 105) | json_values}),
+        "timeSlicing": st.fixed_dictionaries({}, optional={"interval": st.sampled_from(["Default", "Long", "x"])}),
+        "totalMemory": st.sampled_from(["8Gi", "0", "-1Gi", "1.5", "lots", 4096]),
+        "sameNVLinkIsland": st.booleans() | json_values,
+        "extra": json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, sharing_like.map(lambda sh: cfg(**sh))))
+def test_any_input_decodes_or_fails_with_a_field_path(raw):
+    try:
+        got = decode_gpu_config(raw, P)
+    except ConfigError as exc:
+        assert str(exc).startswith(P)
+        assert exc.field_path.startswith(P)
+    else:
+        assert isinstance(got, GpuConfig)
