@@ -198,9 +198,43 @@ def _declarations() -> list[Any]:
             _ov("list_sets_contains_list", t.BOOL, [dyn_list, dyn_list], library.sets_contains)]),
         cel.FunctionDecl("sets.equivalent", [
             _ov("list_sets_equivalent_list", t.BOOL, [dyn_list, dyn_list], library.sets_equivalent)]),
+        _go_equals_declaration(),
         cel.FunctionDecl("sets.intersects", [
             _ov("list_sets_intersects_list", t.BOOL, [dyn_list, dyn_list], library.sets_intersects)]),
     ]
+
+
+GO_EQUALS = "tesseraGoEquals"
+
+
+def _go_equals(a: Any, b: Any) -> bool:
+    """cel-go's a.Equal(b) where b is a scalar literal: Quantity/Semver receivers fail."""
+    if isinstance(a, Quantity | Version):
+        raise TypeError("no such overload")
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return bool(a == b)  # exact across int and float; NaN equals nothing
+    return type(a) is type(b) and bool(a == b)
+
+
+def _go_equals_declaration() -> Any:
+    """Overloads of tesseraGoEquals(value, literal) for every receiver kind a dyn value can have.
+
+    cel-cpp dispatches on argument kinds, so each kind needs its own overload; the two message
+    types share one implementation (on the Quantity overload) that dispatches in Python.
+    """
+    t = cel.Type
+    receivers = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+                 "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT,
+                 "semver": _ST}
+    literals = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL}
+    overloads = []
+    for rname, rtype in receivers.items():
+        for lname, ltype in literals.items():
+            impl = None if rname == "semver" else _go_equals
+            overloads.append(_ov(f"tessera_go_equals_{rname}_{lname}", t.BOOL, [rtype, ltype], impl))
+    return cel.FunctionDecl(GO_EQUALS, overloads)
 
 
 def _list_sum(items: list[Any]) -> Any:
@@ -231,6 +265,18 @@ def _env() -> Any:
 
 
 _RELATIONAL = frozenset({"_<_", "_<=_", "_>_", "_>=_"})
+_LITERAL_KINDS = frozenset({"string", "int", "uint", "double", "bool"})
+
+
+def _dynamic_vs_literal(n: Call) -> bool:
+    """`<attribute value> == <scalar literal>`: the left side's runtime type is only known at run time."""
+    left, right = n.args
+    if not (isinstance(right, Literal) and right.kind in _LITERAL_KINDS):
+        return False
+    if isinstance(left, Select):
+        # device.driver and device.allowMultipleAllocations have static types
+        return not (left.test_only or left.optional or getattr(left.operand, "name", None) == "device")
+    return isinstance(left, Index) and not left.optional
 
 
 def _is_device_map(n: Node) -> bool:
@@ -259,6 +305,12 @@ def rewrite_for_celexpr(ast: Node) -> Node:
             if n.optional:
                 return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
             return empty_domain(n.operand, key, n.offset)
+        if isinstance(n, Call) and n.function in ("_==_", "_!=_") and n.target is None and _dynamic_vs_literal(n):
+            # cel-go calls left.Equal(right): a Semver or Quantity on the left errors for any other
+            # type; cel-cpp's heterogeneous equality would say false
+            left, right = visit(n.args[0]), n.args[1]
+            equal = Call(n.offset, GO_EQUALS, (left, right))
+            return equal if n.function == "_==_" else Call(n.offset, "!_", (equal,))
         if isinstance(n, Call) and n.function in _RELATIONAL and n.target is None:
             left, right = (visit(a) for a in n.args)
             return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
