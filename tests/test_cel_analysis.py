@@ -146,3 +146,12 @@ def test_static_errors(expression: str, message: str) -> None:
 )
 def test_estimated_cost_matches_pinned_kubernetes_values(expression: str, cost: int) -> None:
     assert analyze(expression, parse(expression)).estimated_cost == cost
+
+
+def test_cost_of_a_range_with_a_literal_bound_is_finite() -> None:
+    assert analyze("lists.range(3).all(i, i < 3)", parse("lists.range(3).all(i, i < 3)")).estimated_cost < 100
+
+
+def test_cost_of_a_range_with_an_unknown_bound_is_rejected() -> None:
+    with pytest.raises(CelCompileError, match="exceeds cost limit"):
+        compile_selector(f"lists.range({A}.numaNode).all(i, i >= 0)")

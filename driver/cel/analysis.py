@@ -570,6 +570,8 @@ class _Analyzer:
             result = T("list", min(target_t.size, MAX_STRING_SIZE * 4), elem="string")
         if result.name == "string" and target_t is not None:
             result = T("string", target_t.size)
+        if fn == "lists.range" and isinstance(n.args[0], Literal) and isinstance(n.args[0].value, int):
+            result = T("list", max(n.args[0].value, 0), elem="int")
         return result, cost + self.call_cost(fn, target_t, arg_types)
 
     @staticmethod
