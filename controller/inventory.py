@@ -138,6 +138,9 @@ class DeviceIndex:
     devices: tuple[InventoryDevice, ...] = ()
     incomplete_pools: tuple[str, ...] = ()
     version: int = 0  # bumped by the cache on every change; lets callers memoise per snapshot
+    # groupings of `devices` by what a set of selectors can see (controller.shapes); lives and dies
+    # with this snapshot
+    shape_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_slices(cls, slices: Iterable[Obj], *, driver: str | None = DRIVER, version: int = 0) -> DeviceIndex:

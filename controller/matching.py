@@ -1,29 +1,22 @@
-"""Which devices a class or request matches, evaluated once per distinct device shape.
-
-A selector can only see what it reads. Two devices that agree on the driver, on
-`allowMultipleAllocations` and on every attribute/capacity the expression reads (its
-`CompiledSelector.reads`) give the same result, so outcomes are memoised under that key: a cluster of
-10,000 identical GPUs costs one evaluation per expression, not 10,000. A read with a dynamic key
-(name "*") widens the key to the whole domain.
-
-Selectors are evaluated the way the scheduler does (dra-api.md §6.2): class selectors, then request
-selectors, stopping at the first one that is false or fails, then the capacity request.
+"""Which devices a class or request matches, evaluated once per distinct device shape
+(controller.shapes), the way the scheduler filters (dra-api.md §6.2): class selectors, then request
+selectors, stopping at the first one that is false or fails, then the capacity request. When nothing
+matches, the nearest miss is the device failing the fewest top-level `&&` parts.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from controller.conjuncts import skip_string, split_conjuncts
+from controller.conjuncts import split_conjuncts
 from controller.inventory import DeviceIndex, InventoryDevice, memory_bytes
+from controller.shapes import Shape, dedup_safe, read_keys, shape_key, shapes
 
 if TYPE_CHECKING:
-    from driver.cel import AttributeRead, CompiledSelector
+    from driver.cel import CompiledSelector
 
 Outcome = bool | str  # True/False, or the text of a runtime error
 
@@ -100,90 +93,20 @@ class MatchResult:
         return f"{self.total} of {self.checked} devices on {len(self.per_node)} node{plural} ({nodes})"
 
 
-def shape_key(device: InventoryDevice, reads: Iterable[AttributeRead]) -> tuple[Any, ...]:
-    """Everything an expression with these reads can observe about the device: the driver,
-    allowMultipleAllocations, which keys exist (presence tests, `size()`, iterating keys) and the value
-    of every key it reads."""
-    parts: list[Any] = [device.driver, device.allow_multiple, device.key_names]
-    for r in reads:
-        if r.domain == "*" or r.name == "*":
-            whole = device.attribute_map(r.domain) if r.kind == "attribute" else device.capacity_map(r.domain)
-            parts.append((r.kind, r.domain, "*", whole))
-        elif r.kind == "attribute":
-            value = device.attribute(r.domain, r.name)
-            parts.append((r.domain, r.name, tuple(sorted(value.items())) if value is not None else None))
-        else:
-            parts.append(("capacity", r.domain, r.name, device.capacity_value(r.domain, r.name)))
-    return tuple(parts)
-
-
-_MAPS = re.compile(r"\bdevice\s*\.\s*(?:attributes|capacity)\b")
-_LITERAL_INDEX = re.compile(r"\s*\[\s*(?:\"\"|'')\s*\]")
-# after `device.attributes["d"]`: a field, an optional field, or any index (a non-literal key is a "*" read)
-_SAFE_AFTER_DOMAIN = re.compile(r"\s*(?:\.\s*\??\s*[A-Za-z_]\w*|\[)")
-_IN_BEFORE = re.compile(r"(?:\bin|\bsize\s*\()\s*$")
-_BIND_BEFORE = re.compile(r"\bcel\s*\.\s*bind\s*\(\s*[A-Za-z_]\w*\s*,\s*$")
-
-
-@lru_cache(maxsize=1024)
-def dedup_safe(expression: str) -> bool:
-    """Whether the expression only uses the device maps in ways the read analysis accounts for.
-
-    Safe: `device.attributes["d"].x`, `["d"]["x"]`, `.?x`, a macro over `["d"]` (its value reads are
-    reported with name "*"), `"x" in device.attributes["d"]`, `size(...)`, and binding `["d"]` with
-    cel.bind. Anything else (e.g. putting the map into a list literal) could read values the analysis
-    does not list, so such an expression is evaluated per device instead of per shape.
-    """
-    text = _blank_strings(expression)
-    for m in _MAPS.finditer(text):
-        before = text[: m.start()]
-        rest = text[m.end():]
-        index = _LITERAL_INDEX.match(rest)
-        if index is None:
-            if not _IN_BEFORE.search(before):
-                return False
-            continue
-        after = rest[index.end():]
-        if _SAFE_AFTER_DOMAIN.match(after) or _IN_BEFORE.search(before):
-            continue
-        if _BIND_BEFORE.search(before) and after.lstrip().startswith(","):
-            continue
-        return False
-    return True
-
-
-def _blank_strings(text: str) -> str:
-    """The expression with every string literal emptied, so its contents cannot look like code."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        raw = ch in "rRbB" and i + 1 < len(text) and text[i + 1] in "\"'"
-        if ch in "\"'" or raw:
-            q = i + 1 if raw else i
-            end = skip_string(text, q, raw=ch in "rR")
-            out.append('""')
-            i = end
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 class Evaluator:
     """Memoised selector outcomes per (expression, device shape). One per admission request or check run."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, tuple[Any, ...]], Outcome] = {}
+        self._memo: dict[tuple[str, Any], Outcome] = {}
         self.evaluations = 0
 
     def outcome(self, condition: Condition, device: InventoryDevice) -> Outcome:
         from driver.cel import CelRuntimeError, DeviceViewError
 
         if dedup_safe(condition.expression):
-            key = (condition.expression, shape_key(device, condition.selector.reads))
+            key: tuple[str, Any] = (condition.expression, shape_key(device, read_keys(condition.selector)))
         else:
-            key = (condition.expression, (id(device.spec),))
+            key = (condition.expression, id(device.spec))
         cached = self._memo.get(key)
         if cached is not None:
             return cached
@@ -223,14 +146,20 @@ def match(requirement: Requirement, index: DeviceIndex, evaluator: Evaluator) ->
     """Count the devices per node that satisfy the requirement; name the nearest miss when none does."""
     per_node: Counter[str] = Counter()
     failures: dict[int, RuntimeFailure] = {}
-    for device in index.devices:
-        if _passes(requirement, device, evaluator, failures):
-            per_node[device.node] += 1
+    groups = _shapes(requirement, index)
+    for shape in groups:
+        if _passes(requirement, shape.device, evaluator, failures):
+            per_node.update(shape.per_node)
     miss = None
     if not per_node and index.devices:
-        miss = nearest_miss(requirement, index, evaluator)
+        miss = nearest_miss(requirement, groups, evaluator)
     ordered = tuple(failures[i] for i in sorted(failures))
     return MatchResult(dict(per_node), len(index.devices), ordered, miss)
+
+
+def _shapes(requirement: Requirement, index: DeviceIndex) -> tuple[Shape, ...]:
+    expressions = [(c.expression, c.selector) for c in requirement.conditions]
+    return shapes(index, expressions, capacity_keys=[n.key for n in requirement.capacity])
 
 
 def _passes(
@@ -262,11 +191,16 @@ def conjunct_conditions(condition: Condition) -> tuple[Condition, ...]:
     return tuple(out)
 
 
-def nearest_miss(requirement: Requirement, index: DeviceIndex, evaluator: Evaluator) -> NearestMiss | None:
-    """The first device (in first-fit order) that fails the fewest parts of the requirement."""
+def nearest_miss(requirement: Requirement, groups: Iterable[Shape], evaluator: Evaluator) -> NearestMiss | None:
+    """The first device (in first-fit order) that fails the fewest parts of the requirement.
+
+    Each part of an expression reads a subset of what the whole reads, so the shapes of the whole
+    requirement are fine-grained enough for its parts.
+    """
     parts = [p for c in requirement.conditions for p in conjunct_conditions(c)]
     best: NearestMiss | None = None
-    for device in index.devices:
+    for shape in groups:
+        device = shape.device
         failed: list[str] = []
         for part in parts:
             out = evaluator.outcome(part, device)

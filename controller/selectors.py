@@ -17,6 +17,7 @@ from controller.context import CheckContext
 from controller.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
 from controller.inventory import InventoryDevice
 from controller.matching import Condition, MatchResult
+from controller.shapes import shapes
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
@@ -122,7 +123,7 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
         if not risky:
             continue
         lacking = {t for r in risky for t in schema.lacking(r.domain, r.name)}
-        for device in _samples(ctx, lacking):
+        for device in _samples(ctx, conditions[: i + 1], lacking):
             if not _reaches(conditions[:i], device, ctx):
                 continue
             outcome = ctx.evaluator.outcome(condition, device)
@@ -133,9 +134,16 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
     return findings
 
 
-def _samples(ctx: CheckContext, device_types: set[str]) -> list[InventoryDevice]:
-    live = list(ctx.inventory.devices) if ctx.inventory is not None else []
-    return [d for d in (*live, *ctx.prototypes.devices) if d.device_type in device_types]
+def _samples(ctx: CheckContext, conditions: Sequence[Condition], device_types: set[str]) -> list[InventoryDevice]:
+    """One device per shape the conditions can tell apart (live devices first, then the samples), of the
+    given types."""
+    expressions = [(c.expression, c.selector) for c in conditions]
+    out: list[InventoryDevice] = []
+    for index in (ctx.inventory, ctx.prototypes):
+        if index is not None:
+            groups = shapes(index, expressions, extra_reads=[("attribute", DRIVER, "type")])
+            out.extend(s.device for s in groups if s.device.device_type in device_types)
+    return out
 
 
 def _reaches(earlier: Sequence[Condition], device: InventoryDevice, ctx: CheckContext) -> bool:

@@ -9,15 +9,8 @@ import pytest
 
 from controller.conjuncts import split_conjuncts
 from controller.inventory import DeviceIndex
-from controller.matching import (
-    CapacityNeed,
-    Condition,
-    Evaluator,
-    Requirement,
-    capacity_shortfall,
-    dedup_safe,
-    match,
-)
+from controller.matching import CapacityNeed, Condition, Evaluator, Requirement, capacity_shortfall, match
+from controller.shapes import dedup_safe, shapes
 from driver.cel import compile_selector
 
 D = 'device.attributes["gpu.tessera.dev"]'
@@ -54,6 +47,23 @@ def test_ten_thousand_identical_gpus_cost_one_evaluation():
     result = match(Requirement((cond(f'{D}.productName.startsWith("NVIDIA H100")'),)), index, evaluator)
     assert result.total == 10_000
     assert evaluator.evaluations == 1
+
+
+def test_shapes_group_identical_devices_once_per_snapshot():
+    index = identical_gpus(1000, nodes=4)
+    expression = f'{D}.productName.startsWith("NVIDIA H100")'
+    first = shapes(index, [(expression, compile_selector(expression))])
+    assert len(first) == 1
+    assert first[0].per_node == {f"node-{n}": 250 for n in range(4)}
+    assert shapes(index, [(expression, compile_selector(expression))]) is first
+    assert len(shapes(index, [(expression, compile_selector(expression))], capacity_keys=["memory"])) == 1
+
+
+def test_shapes_keep_first_fit_order_and_split_on_read_values():
+    index = identical_gpus(6, nodes=2)
+    expression = f'{D}.uuid == "GPU-0001-0000"'
+    groups = shapes(index, [(expression, compile_selector(expression))])
+    assert [g.device.ref for g in groups] == [d.ref for d in index.devices]
 
 
 def test_devices_that_differ_in_what_is_read_are_evaluated_apart():
