@@ -142,6 +142,7 @@ def test_static_errors(expression: str, message: str) -> None:
         ('device.driver == "dra.example.com"', 4),
         ('device.attributes["dra.example.com"].name > 0', 5),
         ('device.attributes.exists_one(x, x == "dra.example.com")', 164),
+        ('device.attributes["dra.example.com"].ids.includes(1)', 4 + 48),
     ],
 )
 def test_estimated_cost_matches_pinned_kubernetes_values(expression: str, cost: int) -> None:

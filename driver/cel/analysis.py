@@ -27,6 +27,7 @@ MAX_COST = 1_000_000
 MAX_MAP_ENTRIES = 32  # attributes + capacities per device, and domains
 MAX_STRING_SIZE = 64
 MAX_DRIVER_SIZE = 63
+MAX_LIST_ATTRIBUTE_VALUES = 48
 _UNBOUNDED = 1 << 40
 
 DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
@@ -152,6 +153,8 @@ _FUNCTIONS: dict[str, tuple[_Overload, ...]] = {
     "strings.quote": ((False, ("string",), "string"),),
     # Kubernetes lists library
     "isSorted": ((True, ("list",), "bool"),),
+    # DRA list-type attributes (1.36): scalar equality or list membership
+    "includes": ((True, ("*", "*"), "bool"),),
     "sum": ((True, ("list",), "dyn"),),
     "min": ((True, ("list",), "dyn"),),
     "max": ((True, ("list",), "dyn"),),
@@ -580,6 +583,8 @@ class _Analyzer:
                   "indexOf", "lastIndexOf", "lowerAscii", "upperAscii", "trim", "join"):
             size = target_t.size if target_t is not None else (arg_types[0].size if arg_types else 1)
             return 1 + math.ceil(min(size, _UNBOUNDED) * 0.1)
+        if fn == "includes":
+            return MAX_LIST_ATTRIBUTE_VALUES
         return 1
 
     def resolve_operator(self, n: Call, arg_types: list[T], cost: float) -> tuple[T, float]:

@@ -199,6 +199,7 @@ def _declarations() -> list[Any]:
         cel.FunctionDecl("sets.equivalent", [
             _ov("list_sets_equivalent_list", t.BOOL, [dyn_list, dyn_list], library.sets_equivalent)]),
         _go_equals_declaration(),
+        _includes_declaration(),
         cel.FunctionDecl("sets.intersects", [
             _ov("list_sets_intersects_list", t.BOOL, [dyn_list, dyn_list], library.sets_intersects)]),
     ]
@@ -209,13 +210,31 @@ GO_EQUALS = "tesseraGoEquals"
 
 def _go_equals(a: Any, b: Any) -> bool:
     """cel-go's a.Equal(b) where b is a scalar literal: Quantity/Semver receivers fail."""
-    if isinstance(a, Quantity | Version):
-        raise TypeError("no such overload")
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return bool(a == b)  # exact across int and float; NaN equals nothing
-    return type(a) is type(b) and bool(a == b)
+    return library.go_equal(a, b)
+
+
+def _kind(type_name: str) -> str:
+    return "message" if type_name in ("quantity", "semver") else type_name
+
+
+def _includes_declaration() -> Any:
+    """includes() on a dyn receiver: one overload per (receiver kind, argument kind), see GO_EQUALS."""
+    t = cel.Type
+    receivers = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+                 "list": t.List(t.DYN), "quantity": _QT, "semver": _ST}
+    arguments = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+                 "quantity": _QT, "semver": _ST}
+    overloads = []
+    implemented: set[tuple[str, str]] = set()
+    for rname, rtype in receivers.items():
+        for aname, atype in arguments.items():
+            # the runtime registers one implementation per argument-kind signature, and both
+            # message types share the kind "message"
+            kinds = (_kind(rname), _kind(aname))
+            impl = None if kinds in implemented else library.includes
+            implemented.add(kinds)
+            overloads.append(_ov(f"dra_includes_{rname}_{aname}", t.BOOL, [rtype, atype], impl, True))
+    return cel.FunctionDecl("includes", overloads)
 
 
 def _go_equals_declaration() -> Any:

@@ -215,6 +215,7 @@ def _functions() -> dict[str, Any]:
         "find": _expect(str, lib.regex_find),
         "findAll": _expect(str, lib.regex_find_all),
         "isSorted": _expect(list, lib.list_is_sorted),
+        "includes": lib.includes,
         "sum": _expect(list, lambda items: _int64(sum(items)) if all(isinstance(i, int) for i in items)
                        else sum(items)),
         "min": _expect(list, lib.list_min),

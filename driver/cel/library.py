@@ -106,6 +106,34 @@ def compare(a: Quantity | Version, b: Quantity | Version) -> int:
     raise TypeError("no such overload")
 
 
+MAX_INCLUDES_LIST = 48
+
+
+def go_equal(a: Any, b: Any) -> bool:
+    """cel-go's a.Equal(b) on plain values: a Quantity/Semver receiver fails on any other type,
+    numbers compare across int/uint/double, bool never equals a number."""
+    if isinstance(a, Quantity | Version):
+        if type(a) is not type(b) and not (isinstance(a, Quantity) and isinstance(b, Quantity)):
+            raise TypeError("no such overload")
+        return bool(a == b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(go_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+def includes(target: Any, value: Any) -> bool:
+    """DRA's <dyn>.includes(<dyn>): equality for a scalar, membership for a list (at most 48)."""
+    if isinstance(target, list):
+        if len(target) > MAX_INCLUDES_LIST:
+            raise ValueError(f"includes() on a list of {len(target)} values; at most {MAX_INCLUDES_LIST} allowed")
+        return any(go_equal(item, value) for item in target)
+    return go_equal(target, value)
+
+
 # ---- Kubernetes lists library (v0) and cel-go lists/sets extensions ------------------------------
 
 def _check_comparable(items: Sequence[Any]) -> None:
