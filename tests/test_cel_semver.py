@@ -67,15 +67,23 @@ def test_alphanumeric_prerelease_compares_bytewise() -> None:
 
 @pytest.mark.parametrize(
     ("text", "normalized"),
-    [("v1.2.3", "1.2.3"), ("1", "1.0.0"), ("1.2", "1.2.0"), ("v01.02.03", "1.2.3"), ("1.2.3-rc.1", "1.2.3-rc.1")],
+    [("v1.2.3", "1.2.3"), ("1", "1.0.0"), ("1.2", "1.2.0"), ("v01.02.03", "1.2.3"), ("1.2.3-rc.1", "1.2.3-rc.1"),
+     ("1.2.00", "1.2.0"), ("1.2.0-rc", "1.2.0-rc"), ("01.2.007+b", "1.2.7+b")],
 )
 def test_normalized_parse(text: str, normalized: str) -> None:
     assert str(Version.parse_normalized(text)) == normalized
 
 
 def test_normalized_short_version_rejects_prerelease() -> None:
-    with pytest.raises(ValueError, match="fewer than three parts"):
+    with pytest.raises(ValueError, match="short version"):
         Version.parse_normalized("1.2-rc")
+
+
+def test_normalized_parse_is_still_strict_after_normalizing() -> None:
+    with pytest.raises(ValueError, match="leading zeroes"):
+        Version.parse_normalized("1.2.3-rc.01")
+    with pytest.raises(ValueError):
+        Version.parse_normalized("vv1.2.3")
 
 
 def test_major_minor_patch_wrap_like_go_int64() -> None:

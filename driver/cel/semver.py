@@ -103,25 +103,26 @@ class Version:
 
     @classmethod
     def parse_normalized(cls, s: str) -> Version:
-        """CEL's semver(s, true): strip one leading `v`, pad `1`/`1.2` to three parts, drop leading zeros.
+        """CEL's semver(s, true), following Kubernetes' normalizeAndParse.
 
-        A short version (one or two parts) may not carry prerelease or build metadata.
+        Strips one leading `v`, removes leading zeros from each of the (up to three) dot-separated
+        parts, pads `1` or `1.2` with `.0` parts (a short version may not carry prerelease or
+        build metadata), then parses strictly.
         """
         if s.startswith("v"):
             s = s[1:]
         parts = s.split(".", 2)
+        for i, part in enumerate(parts):
+            if len(part) > 1:
+                trimmed = part.lstrip("0")
+                if not trimmed or not trimmed[0].isdigit():
+                    trimmed = "0" + trimmed
+                parts[i] = trimmed
         if len(parts) < 3:
             if any(c in "+-" for c in parts[-1]):
-                raise ValueError("Prerelease or build metadata found on a version with fewer than three parts")
+                raise ValueError("short version cannot contain PreRelease/Build meta data")
             parts += ["0"] * (3 - len(parts))
-        tail = parts[2]
-        cut = min((i for i, c in enumerate(tail) if c in "+-"), default=len(tail))
-        patch, suffix = tail[:cut], tail[cut:]
-
-        def strip(t: str) -> str:
-            return t.lstrip("0") or ("0" if t else t)
-
-        return cls.parse(f"{strip(parts[0])}.{strip(parts[1])}.{strip(patch)}{suffix}")
+        return cls.parse(".".join(parts))
 
     @staticmethod
     def is_valid(s: str) -> bool:
