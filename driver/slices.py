@@ -259,9 +259,13 @@ def build_slices(inventory: Inventory, *, mig_strategy: str = "static") -> list[
         # two kinds of request meet as late as possible instead of each breaking into a fresh card.
         whole.reverse()
     groups = [_Group([device]) for device in whole] + static_groups + partition_groups
-    device_slices = _pack([g for g in groups if g.devices]) or [[]]
+    device_slices = _pack([g for g in groups if g.devices])
 
     slices = [_slice(node, {"devices": devices}) for devices in device_slices]
+    if not slices and not counter_sets:
+        # A pool needs a slice even with nothing in it ("no devices" differs from "no pool"). The apiserver
+        # drops an empty list, so the slice carries no `devices` key at all, as it will be stored.
+        slices.append(_slice(node, {}))
     for start in range(0, len(counter_sets), MAX_COUNTER_SETS):
         slices.append(_slice(node, {"sharedCounters": counter_sets[start:start + MAX_COUNTER_SETS]}))
     for obj in slices:

@@ -135,7 +135,9 @@ class Publisher:
         # name -> (spec we sent, spec the apiserver stored) where they differ: the server dropped fields
         # (a feature gate is off); treating the stored form as in sync avoids an endless update loop.
         self._dropped: dict[str, tuple[Obj, Obj]] = {}
-        self._own_versions: set[str] = set()
+        # What this publisher last wrote per slice name, recorded before the call so the watch can tell
+        # the echo of our own write from someone else's change, whichever arrives first.
+        self._written: dict[str, Obj] = {}
         self._own_deletes: set[str] = set()
         self._generation = 0
         self._failing = False
@@ -346,16 +348,19 @@ class Publisher:
         plan = self.plan(desired, existing)
         for name in plan.delete:
             self._own_deletes.add(name)
+            self._written.pop(name, None)
             try:
                 self._api.delete_resource_slice(name)
             except ApiError as exc:
                 if not exc.not_found:
                     raise
         for body in plan.update:
+            self._written[body["metadata"]["name"]] = body
             self._remember(body, self._api.replace_resource_slice(body["metadata"]["name"], body))
         for body in plan.create:
             create_body = copy.deepcopy(body)
             create_body["metadata"].pop("resourceVersion", None)
+            self._written[body["metadata"]["name"]] = create_body
             self._remember(create_body, self._api.create_resource_slice(create_body))
         self._generation = plan.generation
         if not plan.empty:
@@ -366,12 +371,6 @@ class Publisher:
 
     def _remember(self, sent: Obj, stored: Obj) -> None:
         name = sent["metadata"]["name"]
-        rv = stored.get("metadata", {}).get("resourceVersion")
-        if rv:
-            if len(self._own_versions) > 10_000:
-                # Events for these were lost with a broken watch; forgetting them costs one extra sync.
-                self._own_versions.clear()
-            self._own_versions.add(str(rv))
         sent_spec, stored_spec = _without_generation(sent["spec"]), _without_generation(stored.get("spec", {}))
         if sent_spec != stored_spec:
             if self._dropped.get(name) != (sent_spec, stored_spec):
@@ -411,11 +410,12 @@ class Publisher:
                 self._own_deletes.discard(name)
                 return True
             return False
-        rv = str(meta.get("resourceVersion", ""))
-        if rv in self._own_versions:
-            self._own_versions.discard(rv)
-            return True
-        return False
+        written = self._written.get(meta.get("name", ""))
+        return (
+            written is not None
+            and _generation(event.object) == _generation(written)
+            and self._same_content(written["metadata"]["name"], written, event.object)
+        )
 
     def _run_watch(self) -> None:
         resource_version = ""

@@ -414,3 +414,19 @@ def test_a_deleted_node_is_no_longer_the_owner_of_recreated_slices(fake: FakeKub
     fake.external_delete_slice(slice_name(NODE, 0))
     pub.sync_once()
     assert "ownerReferences" not in stored(fake)[slice_name(NODE, 0)]["metadata"]
+
+
+def test_the_echo_of_its_own_writes_does_not_make_the_publisher_sync_again(
+    fake: FakeKubeAPI, running: Callable[..., Publisher]
+) -> None:
+    pub = running(one_slice(2))
+    assert pub.wait_synced(10)
+    eventually(lambda: fake._watchers)
+    name = slice_name(NODE, 0)
+    fake.external_edit_slice(name, lambda o: o["spec"].update(devices=[]))
+    eventually(lambda: pub.syncs >= 2 and len(stored(fake)[name]["spec"]["devices"]) == 2)
+    # Watch events arrive in order: by the time this deletion has been repaired, the echo of the
+    # previous repair has been seen too, and it must not have caused a sync of its own.
+    fake.external_delete_slice(name)
+    eventually(lambda: pub.syncs >= 3 and name in stored(fake))
+    assert pub.syncs == 3

@@ -103,7 +103,8 @@ def test_slice_belongs_to_the_node_pool_and_carries_driver_and_node_labels() -> 
 def test_node_without_gpus_still_publishes_one_empty_slice() -> None:
     slices = build_slices(make_inventory())
     assert len(slices) == 1
-    assert slices[0]["spec"]["devices"] == []
+    assert "devices" not in slices[0]["spec"]
+    assert "sharedCounters" not in slices[0]["spec"]
 
 
 def test_more_than_128_whole_gpus_split_into_slices_of_at_most_128() -> None:
