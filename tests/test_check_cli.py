@@ -205,3 +205,23 @@ def test_console_script_exit_status(tmp_path, slices_file):
                             capture_output=True, text=True, timeout=120, check=False)
     assert failed.returncode == 1
     assert "syntax error" in failed.stdout
+
+
+def test_kubeconfig_reads_slices_and_classes_from_the_cluster(tmp_path, monkeypatch):
+    from tests.test_webhook_fakecluster import FakeCluster
+
+    cluster = FakeCluster()
+    for i, s in enumerate(build_slices(load_inventory("node-k", simulate="t4-4"), mig_strategy="none")):
+        s["metadata"]["name"] = f"node-k-{i}"
+        cluster.create_resource_slice(s)
+    cluster.add_device_class(GPU_CLASS)
+    monkeypatch.setattr("driver.kubeapi.RealKubeAPI", lambda kubeconfig: cluster)
+    claims = write(
+        tmp_path, "c.yaml",
+        claim("a", {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}),
+        claim("b", {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "typo.gpu.tessera.dev"}}]}}),
+    )
+    rc, out, _ = run([claims], kubeconfig="ignored")
+    assert rc == 0
+    assert "  request g: matches 4 of 4 devices on 1 node (node-k: 4)" in out
+    assert 'DeviceClass "typo.gpu.tessera.dev" does not exist; pods using this claim stay Pending' in out

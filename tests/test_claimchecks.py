@@ -274,3 +274,16 @@ def test_first_available_subrequests_are_checked_with_their_own_path():
 def test_template_paths_start_at_spec_spec():
     f = only(claim(exactly(**memory("0"))), path="spec.spec")
     assert f.path == "spec.spec.devices.requests[0].exactly.capacity.requests[memory]"
+
+
+def test_malformed_fields_are_reported_not_crashed_on():
+    spec = claim(exactly(selectors={"cel": "x"}, capacity={"requests": ["memory"]}), config={"opaque": {}})
+    result = {f.path: f.message for f in findings(spec)}
+    assert result["spec.devices.requests[0].exactly.selectors"] == "must be a list of {cel: {expression: ...}} entries"
+    assert result["spec.devices.requests[0].exactly.capacity"] == "must be {requests: {memory: <quantity>}}"
+    assert result["spec.devices.config"] == "must be a list of {opaque: {driver, parameters}} entries"
+
+
+def test_spec_that_is_not_an_object_is_an_error():
+    [f] = check_claim_spec("nope", "spec", ctx()).findings  # type: ignore[arg-type]
+    assert (f.path, f.message) == ("spec", "must be an object")

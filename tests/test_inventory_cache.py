@@ -245,3 +245,29 @@ def test_reflector_applies_bookmarks_without_changing_objects():
         assert r.objects() == []
     finally:
         r.stop()
+
+
+def test_reflector_survives_an_unexpected_exception():
+    calls = []
+
+    def list_fn():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("malformed answer")
+        return {"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {"name": "a"}}]}
+
+    release = threading.Event()
+
+    def watch_fn(rv):
+        release.wait(5)
+        return iter(())
+
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    r.start()
+    try:
+        assert r.synced.wait(5)
+        assert [o["metadata"]["name"] for o in r.objects()] == ["a"]
+        assert r.errors == 1
+    finally:
+        release.set()
+        r.stop()

@@ -270,3 +270,26 @@ def test_unloadable_first_certificate_is_an_error(tmp_path):
         CertificateStore(str(cert), str(key))
     with pytest.raises(FileNotFoundError):
         CertificateStore(str(tmp_path / "missing.pem"), str(key))
+
+
+def test_handler_failure_is_a_500_and_counted(tls_files, ca, observed):
+    def broken_context() -> CheckContext:
+        raise RuntimeError("boom")
+
+    srv = WebhookServer(AdmissionHandler(broken_context), CertificateStore(str(tls_files[0]), str(tls_files[1])),
+                        "127.0.0.1", 0, observe=lambda *args: observed.append(args))
+    srv.start()
+    try:
+        review = json.dumps(admission_review(device_class("gpu.tessera.dev", "true"))).encode()
+        status, body = post(connect(srv, ca), "/validate-deviceclass", review)
+    finally:
+        srv.stop()
+    assert (status, body) == (500, b"internal error\n")
+    assert observed[-1][2] == "error"
+
+
+def test_deleted_certificate_files_keep_the_loaded_pair(server, ca, tls_files):
+    first = served_serial(server, ca)
+    tls_files[0].unlink()
+    tls_files[1].unlink()
+    assert served_serial(server, ca) == first
