@@ -28,7 +28,7 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 SPEC_SUFFIX = ".json"
 
-CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 # Claim uids name files; anything but a plain token could climb out of the CDI directory.
 _CLAIM_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
@@ -56,15 +56,46 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A character device for the container. Without numbers the runtime copies the host's node at `path`."""
+
+    path: str
+    major: int | None = None
+    minor: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.major is None:
+            return {"path": self.path}
+        return {"path": self.path, "type": "c", "major": self.major, "minor": self.minor}
+
+
+@dataclass(frozen=True)
+class DeviceNumbers:
+    """Majors written into specs for a node whose /dev has no NVIDIA nodes to copy (a simulated node).
+
+    195 is the NVIDIA driver's fixed major; the uvm and caps majors are dynamic on real nodes, so
+    a real node's specs carry paths only and the runtime reads the numbers from the host's nodes.
+    """
+
+    nvidia: int = 195
+    nvidia_uvm: int = 510
+    nvidia_caps: int = 511
+
+
+SIMULATED_DEVICE_NUMBERS = DeviceNumbers()
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
-    device_nodes: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
 
     def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        paths = {n.path for n in self.device_nodes}
         return ContainerEdits(
             self.env + other.env,
-            self.device_nodes + tuple(n for n in other.device_nodes if n not in self.device_nodes),
+            self.device_nodes + tuple(n for n in other.device_nodes if n.path not in paths),
             self.mounts + other.mounts,
         )
 
@@ -73,7 +104,7 @@ class ContainerEdits:
         if self.env:
             out["env"] = list(self.env)
         if self.device_nodes:
-            out["deviceNodes"] = [{"path": p} for p in self.device_nodes]
+            out["deviceNodes"] = [n.to_dict() for n in self.device_nodes]
         if self.mounts:
             out["mounts"] = [m.to_dict() for m in self.mounts]
         return out
@@ -110,8 +141,19 @@ def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
     return cdi_dir / f"{SPEC_PREFIX}{check_claim_uid(claim_uid)}{SPEC_SUFFIX}"
 
 
-def gpu_device_nodes(minor: int) -> tuple[str, ...]:
-    return (f"/dev/nvidia{minor}",)
+def control_device_nodes(numbers: DeviceNumbers | None = None) -> tuple[DeviceNode, ...]:
+    """/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools: every CUDA process opens them."""
+    if numbers is None:
+        return tuple(DeviceNode(p) for p in CONTROL_DEVICE_PATHS)
+    return (
+        DeviceNode("/dev/nvidiactl", numbers.nvidia, 255),
+        DeviceNode("/dev/nvidia-uvm", numbers.nvidia_uvm, 0),
+        DeviceNode("/dev/nvidia-uvm-tools", numbers.nvidia_uvm, 1),
+    )
+
+
+def gpu_device_nodes(minor: int, numbers: DeviceNumbers | None = None) -> tuple[DeviceNode, ...]:
+    return (DeviceNode(f"/dev/nvidia{minor}", numbers.nvidia if numbers else None, minor),)
 
 
 def mig_capability_minors(
@@ -140,20 +182,32 @@ def mig_capability_minors(
 
 
 def mig_device_nodes(
-    gpu_minor: int, gpu_instance: int, compute_instance: int, proc_root: Path | None = None
-) -> tuple[str, ...]:
+    gpu_minor: int,
+    gpu_instance: int,
+    compute_instance: int,
+    proc_root: Path | None = None,
+    numbers: DeviceNumbers | None = None,
+) -> tuple[DeviceNode, ...]:
+    """The parent GPU's node plus the GI and CI capability nodes that grant access to one MIG instance."""
     gi_minor, ci_minor = mig_capability_minors(gpu_minor, gpu_instance, compute_instance, proc_root)
+    caps = numbers.nvidia_caps if numbers else None
     return (
-        f"/dev/nvidia{gpu_minor}",
-        f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
-        f"/dev/nvidia-caps/nvidia-cap{ci_minor}",
+        *gpu_device_nodes(gpu_minor, numbers),
+        DeviceNode(f"/dev/nvidia-caps/nvidia-cap{gi_minor}", caps, gi_minor),
+        DeviceNode(f"/dev/nvidia-caps/nvidia-cap{ci_minor}", caps, ci_minor),
     )
 
 
 def build_claim_spec(
-    claim_uid: str, devices: Sequence[SpecDevice], common: ContainerEdits | None = None
+    claim_uid: str,
+    devices: Sequence[SpecDevice],
+    common: ContainerEdits | None = None,
+    numbers: DeviceNumbers | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec of one claim; visible-device env lists the devices' UUIDs in the given order."""
+    """The CDI spec of one claim; visible-device env lists the devices' UUIDs in the given order.
+
+    `numbers` only for nodes without real NVIDIA device nodes (simulation), see DeviceNumbers.
+    """
     check_claim_uid(claim_uid)
     common = common or ContainerEdits()
     if not devices:
@@ -169,7 +223,7 @@ def build_claim_spec(
     claim_edits = (
         ContainerEdits(
             env=(f"NVIDIA_VISIBLE_DEVICES={ids}", f"CUDA_VISIBLE_DEVICES={ids}"),
-            device_nodes=CONTROL_DEVICE_NODES,
+            device_nodes=control_device_nodes(numbers),
         )
         + common
     )

@@ -20,6 +20,7 @@ claim again; completed claims get their CDI specs and MPS daemons back.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import threading
@@ -32,8 +33,11 @@ import structlog
 
 from driver.allocation import DRIVER_NAME, AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
 from driver.cdi import (
+    SIMULATED_DEVICE_NUMBERS,
     CdiError,
     ContainerEdits,
+    DeviceNode,
+    DeviceNumbers,
     SpecDevice,
     build_claim_spec,
     check_claim_uid,
@@ -133,6 +137,8 @@ class DeviceState:
         self.driver_name = driver_name
         self.timeslicer = timeslicer
         self.crash_hook = crash_hook
+        # a simulated node has no /dev/nvidia* for the runtime to copy, so its specs carry the numbers
+        self.device_numbers = SIMULATED_DEVICE_NUMBERS if inventory.source.startswith("simulated") else None
         self.store = CheckpointStore(state_dir)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -301,17 +307,22 @@ class DeviceState:
             self.store.put(replace(entry, migs=(*kept, *out.values())))
         return out
 
-    def _visible(self, d: AllocatedDevice, migs: dict[str, CreatedMig]) -> tuple[str, tuple[str, ...]]:
+    def _visible(self, d: AllocatedDevice, migs: dict[str, CreatedMig]) -> tuple[str, tuple[DeviceNode, ...]]:
         """The UUID CUDA sees for a device, and its device nodes."""
         t = d.target
         if t.static_instance is not None:
             inst = t.static_instance
-            nodes = mig_device_nodes(t.gpu.minor, inst.gpu_instance_id, inst.compute_instance_id, self.proc_root)
+            nodes = mig_device_nodes(
+                t.gpu.minor, inst.gpu_instance_id, inst.compute_instance_id, self.proc_root, self.device_numbers
+            )
             return inst.uuid, nodes
         if t.is_mig:
             m = migs[d.device]
-            return m.uuid, mig_device_nodes(m.gpu_minor, m.gpu_instance_id, m.compute_instance_id, self.proc_root)
-        return t.gpu.uuid, gpu_device_nodes(t.gpu.minor)
+            nodes = mig_device_nodes(
+                m.gpu_minor, m.gpu_instance_id, m.compute_instance_id, self.proc_root, self.device_numbers
+            )
+            return m.uuid, nodes
+        return t.gpu.uuid, gpu_device_nodes(t.gpu.minor, self.device_numbers)
 
     def _build_spec(
         self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], use_mps: bool
@@ -328,7 +339,7 @@ class DeviceState:
         common = self.driver_root.container_edits() if self.driver_root else ContainerEdits()
         if use_mps:
             common = common + mps_paths(self.state_dir, alloc.uid).container_edits()
-        return build_claim_spec(alloc.uid, spec_devices, common), tuple(prepared)
+        return build_claim_spec(alloc.uid, spec_devices, common, self.device_numbers), tuple(prepared)
 
     def _start_mps(
         self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], recorded: MpsDaemon | None, atp: int | None
@@ -438,7 +449,7 @@ class DeviceState:
             new = self.mig.create(gpu, layout.profile(m.profile), m.placement)
             migs[i] = new
             if spec is not None:
-                spec = _replace_strings(spec, _mig_renames(m, new, self.proc_root))
+                spec = _replace_strings(spec, _mig_renames(m, new, self.proc_root, self.device_numbers))
             report.migs_recreated.append(entry.uid)
         mps = entry.mps
         if mps is not None and migs != list(entry.migs):
@@ -486,17 +497,24 @@ class DeviceState:
             report.failed[what] = str(exc)
 
 
-def _mig_renames(old: CreatedMig, new: CreatedMig, proc_root: Path | None) -> dict[str, str]:
-    renames = {old.uuid: new.uuid}
-    old_nodes = mig_device_nodes(old.gpu_minor, old.gpu_instance_id, old.compute_instance_id, proc_root)
-    new_nodes = mig_device_nodes(new.gpu_minor, new.gpu_instance_id, new.compute_instance_id, proc_root)
-    renames.update(zip(old_nodes, new_nodes, strict=True))
+def _mig_renames(
+    old: CreatedMig, new: CreatedMig, proc_root: Path | None, numbers: DeviceNumbers | None
+) -> dict[str, Any]:
+    """Old -> new for every spec value naming a MIG instance: its UUID and its capability nodes."""
+    renames: dict[str, Any] = {old.uuid: new.uuid}
+    old_nodes = mig_device_nodes(old.gpu_minor, old.gpu_instance_id, old.compute_instance_id, proc_root, numbers)
+    new_nodes = mig_device_nodes(new.gpu_minor, new.gpu_instance_id, new.compute_instance_id, proc_root, numbers)
+    for a, b in zip(old_nodes, new_nodes, strict=True):
+        renames[json.dumps(a.to_dict(), sort_keys=True)] = b.to_dict()
     return renames
 
 
-def _replace_strings(value: Any, renames: dict[str, str]) -> Any:
-    """`value` with every string equal to, or listing (comma-separated env values), an old name renamed."""
+def _replace_strings(value: Any, renames: dict[str, Any]) -> Any:
+    """`value` with renamed UUIDs (also inside comma-separated env values) and renamed device-node objects."""
     if isinstance(value, dict):
+        key = json.dumps(value, sort_keys=True)
+        if key in renames:
+            return renames[key]
         return {k: _replace_strings(v, renames) for k, v in value.items()}
     if isinstance(value, list):
         return [_replace_strings(v, renames) for v in value]
@@ -505,5 +523,5 @@ def _replace_strings(value: Any, renames: dict[str, str]) -> Any:
             return renames[value]
         if "=" in value:
             key, _, rest = value.partition("=")
-            return f"{key}=" + ",".join(renames.get(p, p) for p in rest.split(","))
+            return f"{key}=" + ",".join(str(renames.get(p, p)) for p in rest.split(","))
     return value

@@ -12,8 +12,10 @@ import pytest
 
 from driver.cdi import (
     CDI_KIND,
+    SIMULATED_DEVICE_NUMBERS,
     CdiError,
     ContainerEdits,
+    DeviceNode,
     Mount,
     SpecDevice,
     build_claim_spec,
@@ -71,6 +73,35 @@ def test_mig_spec_has_parent_node_and_capability_nodes():
         {"path": "/dev/nvidia-caps/nvidia-cap157"},
     ]
     assert "CUDA_VISIBLE_DEVICES=MIG-bbbb" in spec["containerEdits"]["env"]
+
+
+def test_simulated_node_specs_carry_device_numbers():
+    numbers = SIMULATED_DEVICE_NUMBERS
+    nodes = mig_device_nodes(1, 2, 0, None, numbers)
+    spec = build_claim_spec(
+        UID,
+        [SpecDevice(device_name(UID, "gpu-1-mig-1g10gb-3"), "MIG-b", ContainerEdits(device_nodes=nodes))],
+        numbers=numbers,
+    )
+    validate(spec)
+    assert spec["cdiVersion"] == "0.5.0"
+    assert spec["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "type": "c", "major": numbers.nvidia_uvm, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": numbers.nvidia_uvm, "minor": 1},
+    ]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
+        {"path": "/dev/nvidia-caps/nvidia-cap156", "type": "c", "major": numbers.nvidia_caps, "minor": 156},
+        {"path": "/dev/nvidia-caps/nvidia-cap157", "type": "c", "major": numbers.nvidia_caps, "minor": 157},
+    ]
+
+
+def test_device_nodes_are_merged_by_path():
+    merged = ContainerEdits(device_nodes=(DeviceNode("/dev/a"),)) + ContainerEdits(
+        device_nodes=(DeviceNode("/dev/a", 1, 2), DeviceNode("/dev/b"))
+    )
+    assert merged.device_nodes == (DeviceNode("/dev/a"), DeviceNode("/dev/b"))
 
 
 def test_mig_capability_minors_match_the_drivers_published_grid():

@@ -6,6 +6,7 @@ simulated node runs with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -98,8 +99,14 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
     )
     spec = spec_of(state)
     gpu = inventory().gpu_by_index(3)
+    # a simulated node has no /dev/nvidia*: the spec carries the device numbers itself
     assert spec["devices"] == [
-        {"name": f"{UID}-gpu-3", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{gpu.minor}"}]}}
+        {
+            "name": f"{UID}-gpu-3",
+            "containerEdits": {
+                "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor}", "type": "c", "major": 195, "minor": gpu.minor}]
+            },
+        }
     ]
     assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == gpu.uuid
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env_of(spec)
@@ -107,6 +114,22 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
     entry = state.prepared_claims()[UID]
     assert entry.state == ClaimState.PREPARE_COMPLETED
     assert entry.devices == got.devices
+
+
+def test_real_node_spec_leaves_device_numbers_to_the_runtime(tmp_path):
+    state = make_state(tmp_path)
+    state = DeviceState(
+        dataclasses.replace(inventory(), source="nvml"), state.cdi_dir, state.state_dir, "node-a", state.mps, state.mig
+    )
+    prepare(state, [result("gpu-3")])
+    spec = spec_of(state)
+    minor = inventory().gpu_by_index(3).minor
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
+    assert spec["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidiactl"},
+        {"path": "/dev/nvidia-uvm"},
+        {"path": "/dev/nvidia-uvm-tools"},
+    ]
 
 
 def test_subrequest_result_answers_the_base_request_name(tmp_path):
