@@ -126,6 +126,7 @@ class Publisher:
         self._synced_version = -1
         self._synced = threading.Condition(self._lock)
         self._wake = threading.Event()
+        self._kicked = threading.Event()  # set by the watch: someone else changed our slices
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -385,6 +386,10 @@ class Publisher:
 
     def _run_sync(self) -> None:
         while not self._stop.is_set():
+            if self._kicked.is_set():
+                # Let a burst of changes (kubelet wiping the whole pool) settle, then repair it in one sync.
+                self._stop.wait(self._republish_delay)
+                self._kicked.clear()
             self._wake.clear()
             if self.sync_once():
                 self._backoff.reset()
@@ -437,9 +442,7 @@ class Publisher:
                         continue
                     log.info("ResourceSlice changed by someone else; republishing", node=self._node,
                              change=event.type, slice=event.object.get("metadata", {}).get("name"))
-                    if self._republish_delay:
-                        # Let a burst of deletions (kubelet wiping the pool) settle into one sync.
-                        self._stop.wait(self._republish_delay)
+                    self._kicked.set()
                     self._wake.set()
                 self._watch_backoff.reset()
             except Exception as exc:  # the watch must outlive any bad answer; the resync covers the gap
