@@ -137,3 +137,29 @@ def test_controller_serves_reviews_with_the_live_inventory_and_exports_metrics(t
     finally:
         cluster.close_watches()
         app.stop()
+
+
+def test_before_the_cache_syncs_reviews_skip_inventory_checks_and_readyz_fails(tmp_path):
+    cluster = FakeCluster()
+    cluster.fail_next(10_000, status=503, reason="ServiceUnavailable")
+    ca = CA()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.issue(cert, key)
+    app = ControllerApp(cluster, tls_cert=str(cert), tls_key=str(key), listen=("127.0.0.1", 0), metrics_addr=None,
+                        watch_timeout=1, backoff_initial=0.01, backoff_max=0.02)
+    app.start()
+    try:
+        ctx = app.context()
+        assert ctx.inventory is None and not ctx.classes_complete
+        conn = http.client.HTTPSConnection("127.0.0.1", app.webhook.port, timeout=10,
+                                           context=ssl.create_default_context(cadata=ca.pem().decode()))
+        conn.request("GET", "/readyz")
+        ready = conn.getresponse()
+        assert (ready.status, ready.read()) == (503, b"inventory not synced\n")
+        cls = device_class("b200.gpu.tessera.dev", f'{D}.type == "gpu" && {D}.productName == "NVIDIA B200"')
+        conn.request("POST", "/validate-deviceclass", body=json.dumps(admission_review(cls)))
+        response = json.loads(conn.getresponse().read())["response"]
+        assert response == {"uid": "6a1c1f8e-0000-4000-8000-00000000beef", "allowed": True}
+    finally:
+        cluster.close_watches()
+        app.stop()
