@@ -136,13 +136,54 @@ def test_static_errors(expression: str, message: str) -> None:
         compile_selector(expression)
 
 
+D = 'device.attributes["dra.example.com"]'
+DC = 'device.capacity["dra.example.com"]'
+TEN = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"
+
+
+def _seven_nested_alls() -> str:
+    body = "int('1'.find('[0-9]*')) < 100"
+    for var in ("z5", "z4", "z3", "z2", "z", "y", "x"):
+        body = f"{TEN}.all({var}, {body})"
+    return body
+
+
+# Estimated costs pinned by Kubernetes' own DRA CEL tests (k8s.io/dynamic-resource-allocation
+# cel/compile_test.go); the estimator reproduces cel-go's model for these shapes.
 @pytest.mark.parametrize(
     ("expression", "cost"),
     [
+        ('device.attributes["no-such-domain"].noSuchAttr.isGreaterThan(quantity("0"))', 6),
+        ('"no-such-domain" in device.attributes', 3),
+        ('device.driver == ""', 2),
         ('device.driver == "dra.example.com"', 4),
-        ('device.attributes["dra.example.com"].name > 0', 5),
+        (f"{D}.name", 4),
+        (f'{D}["name"]', 4),
+        (f"cel.bind(dra, {D}, dra.name)", 15),
+        (f"{D}.name > 0", 5),
+        (f'{D}.name == "fish"', 5),
+        (f"{D}.names.exists(x, x > 0)", 5 + 6 * 64),
+        (f'{D}.names.all(x, x != "")', 5 + 4 * 64),
+        (f'{D}.names.all(x, x.isGreaterThan(semver("0.0.1")))', 5 + 6 * 64),
+        (f'{D}.name.exists(x, x.isGreaterThan(semver("0.0.1")))', 5 + 7 * 64),
+        (f"{D}.names.size() == 2", 6),
+        (f"{D}.name.includes(true)", 4 + 48),
+        (f'{D}.name.includes(semver("1.0.0"))', 4 + 48 + 1),
+        (f"1 in {D}.names", 4 + 64),
+        (f'{D}.name.isGreaterThan(semver("0.0.1"))', 6),
+        (f'{D}.name.isGreaterThan(semver("v0.0.1", true)) && isSemver("v1.0.0", true)', 7),
+        (f'{DC}.name.isGreaterThan(quantity("1Ki"))', 6),
+        (f'"name" in {DC} && {DC}.name.isGreaterThan(quantity("1Ki"))', 10),
+        (f'!("name" in {DC}) || {DC}.name.isGreaterThan(quantity("1Ki"))', 11),
+        (f"{D}.a && {D}.b && {D}.c", 12),
         ('device.attributes.exists_one(x, x == "dra.example.com")', 164),
-        ('device.attributes["dra.example.com"].ids.includes(1)', 4 + 48),
+        (f'{D}.exists_one(x, x == "services")', 133),
+        ('device.capacity.exists_one(x, x == "dra.example.com")', 164),
+        (f'{DC}.exists_one(x, x == "memory")', 133),
+        (f'{D}.services.split("example").size() >= 2', 19),
+        (f'{D}.services.matches("[^a]?sym")', 18),
+        ("device.allowMultipleAllocations == true", 3),
+        (_seven_nested_alls(), 85_555_551),
     ],
 )
 def test_estimated_cost_matches_pinned_kubernetes_values(expression: str, cost: int) -> None:

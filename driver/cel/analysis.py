@@ -467,7 +467,7 @@ class _Analyzer:
             t, c = self.visit(op, scope, facts | others)
             self.expect_bool(op, t, n.function)
             cost += c
-        return BOOL, cost + len(operands) - 1
+        return BOOL, cost  # cel-go charges nothing for the logical operators themselves
 
     def visit_bind(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
         self.uses_bind = True
@@ -476,7 +476,7 @@ class _Analyzer:
             return DYN, 1
         init_t, ic = self.visit(n.args[1], scope, facts)
         body_t, bc = self.visit(n.args[2], scope.child(**{n.args[0].name: init_t}), facts)
-        return body_t, ic + bc
+        return body_t, _EMPTY_LIST_COST + ic + bc  # cel.bind is a comprehension over []
 
     def visit_macro(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float] | None:
         fn = n.function
@@ -517,8 +517,9 @@ class _Analyzer:
             bt, bcost = self.visit(b, inner, facts)
             body_types.append(bt)
             body_cost += bcost
-        per_iteration = body_cost + 2
-        cost = rc + size * per_iteration + 2
+        # loop condition + loop step per iteration, plus the result, as cel-go's estimator counts
+        step, result_cost = _MACRO_COSTS.get(fn, (3, 1))
+        cost = rc + size * (body_cost + step) + result_cost
         if fn in ("all", "exists", "exists_one", "existsOne"):
             self.expect_bool(body_args[0], body_types[0], fn)
             return BOOL, cost
@@ -579,10 +580,18 @@ class _Analyzer:
 
     @staticmethod
     def call_cost(fn: str, target_t: T | None, arg_types: list[T]) -> float:
-        if fn in ("contains", "startsWith", "endsWith", "matches", "find", "findAll", "split", "replace",
-                  "indexOf", "lastIndexOf", "lowerAscii", "upperAscii", "trim", "join"):
-            size = target_t.size if target_t is not None else (arg_types[0].size if arg_types else 1)
-            return 1 + math.ceil(min(size, _UNBOUNDED) * 0.1)
+        receiver = target_t if target_t is not None else (arg_types[0] if arg_types else DYN)
+        size = min(receiver.size, _UNBOUNDED)
+        if fn in ("matches", "find", "findAll"):
+            pattern = arg_types[-1] if target_t is not None or fn != "matches" else arg_types[1]
+            if fn == "findAll" and len(arg_types) == 2:
+                pattern = arg_types[0]
+            return 1 + math.ceil(size * 0.1 * min(pattern.size, _UNBOUNDED) * 0.25)
+        if fn == "split":
+            return math.ceil(size * 0.2)
+        if fn in ("contains", "startsWith", "endsWith", "replace", "indexOf", "lastIndexOf", "lowerAscii",
+                  "upperAscii", "trim", "join"):
+            return 1 + math.ceil(size * 0.1)
         if fn == "includes":
             return MAX_LIST_ATTRIBUTE_VALUES
         return 1
@@ -594,8 +603,8 @@ class _Analyzer:
         bad = False
         if fn in ("_==_", "_!=_"):
             bad = len(known) == 2 and known[0] != known[1] and "null" not in known
-            if not bad and all(s in ("string", "bytes") for s in shapes):
-                return BOOL, cost + max(1, math.ceil(min(t.size for t in arg_types) * 0.1))
+            if not bad and all(s in ("string", "bytes", "dyn") for s in shapes) and set(shapes) != {"dyn"}:
+                return BOOL, cost + math.ceil(min(t.size for t in arg_types) * 0.1)
         elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
             bad = any(s not in _COMPARABLE for s in known) or (
                 len(known) == 2 and known[0] != known[1] and not (known[0] in _NUMERIC and known[1] in _NUMERIC))
@@ -615,6 +624,9 @@ class _Analyzer:
         if bad:
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({', '.join(shapes)})'")
             return DYN, cost + 1
+        if fn == "@in" and shapes[1] in ("list", "dyn"):
+            # membership in a list is linear in its size (a dyn attribute may hold a list)
+            return BOOL, cost + min(arg_types[1].size, _UNBOUNDED)
         result = _OPERATOR_RESULT[fn]
         if result == "same":
             first = next((t for t in arg_types if t.name != "dyn"), DYN)
@@ -623,6 +635,12 @@ class _Analyzer:
             return T(_type_of_device_shape(first)), cost + 1
         return T(result, 1), cost + 1
 
+
+_EMPTY_LIST_COST = 10
+# per-iteration overhead (loop condition + step) and result cost of each macro
+_MACRO_COSTS = {"all": (3, 1), "exists": (4, 1), "exists_one": (2, 2), "existsOne": (2, 2), "map": (3, 1),
+                "filter": (3, 1), "transformList": (3, 1), "transformMap": (3, 1), "transformMapEntry": (3, 1),
+                "sortBy": (3, 1)}
 
 _OPERATOR_RESULT = {
     "_==_": "bool", "_!=_": "bool", "_<_": "bool", "_<=_": "bool", "_>_": "bool", "_>=_": "bool", "@in": "bool",
