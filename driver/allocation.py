@@ -23,6 +23,7 @@ from driver.config import (
 )
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu, Inventory, MigInstance
+from driver.names import mig_profile_token
 
 DRIVER_NAME = "gpu.tessera.dev"
 
@@ -121,7 +122,7 @@ def resolve_device(inventory: Inventory, name: str) -> DeviceTarget:
     gpu = _gpu(inventory, int(m.group(1)), name)
     token, placement = m.group(2), int(m.group(3))
     for instance in gpu.mig_instances:
-        if _token(instance.profile) == token and instance.placement_start == placement:
+        if mig_profile_token(instance.profile) == token and instance.placement_start == placement:
             layout = layout_for(gpu.product_name)
             profile = _profile_by_token(layout.profiles, token) if layout else None
             if profile is None:
@@ -143,12 +144,8 @@ def resolve_device(inventory: Inventory, name: str) -> DeviceTarget:
     return DeviceTarget(gpu, profile, placement, None)
 
 
-def _token(profile_name: str) -> str:
-    return profile_name.replace(".", "").replace("+", "")
-
-
 def _profile_by_token(profiles: tuple[MigProfile, ...], token: str) -> MigProfile | None:
-    return next((p for p in profiles if p.device_token == token), None)
+    return next((p for p in profiles if mig_profile_token(p.name) == token), None)
 
 
 def _gpu(inventory: Inventory, index: int, name: str) -> Gpu:

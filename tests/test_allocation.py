@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from driver.allocation import AllocationError, parse_claim_allocation, resolve_device
-from driver.config import API_VERSION, ConfigError, Strategy
+from driver.config import API_VERSION, ConfigError, Strategy, quantity_bytes
 from driver.discovery import load_inventory
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
@@ -281,3 +281,24 @@ def test_time_slicing_config_on_a_mig_device_is_rejected():
     claim = make_claim([result("gpu-0-mig-1g10gb-0")], [gpu_config(strategy="TimeSlicing")])
     with pytest.raises(ConfigError, match="MIG devices cannot be time-sliced"):
         parse(claim, "h100-16-mig")
+
+
+# --- every published device can be prepared ---------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"])
+def test_every_published_device_resolves_with_its_published_memory(profile):
+    from driver.slices import build_slices
+
+    inv = inventory(profile)
+    devices = [
+        d
+        for strategy in ("none", "static", "dynamic")
+        for s in build_slices(inv, mig_strategy=strategy)
+        for d in s["spec"].get("devices", [])
+    ]
+    assert devices
+    for device in devices:
+        target = resolve_device(inv, device["name"])
+        assert target.memory_bytes == quantity_bytes(device["capacity"]["memory"]["value"]), device["name"]
+        assert target.is_mig == ("-mig-" in device["name"])
