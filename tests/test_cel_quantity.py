@@ -185,3 +185,101 @@ def test_parse_matches_fraction_reference(sign: str, whole: str, frac: str, suff
     again = Quantity.parse(q._canonical())
     assert again == q
     assert again._canonical() == q._canonical()
+
+
+# apimachinery TestQuantityParse: input -> (exact value, format); value = v * 10**scale
+_GOLDEN = [
+    ("0", 0, 0, "DecimalSI"), ("0n", 0, 0, "DecimalSI"), ("0u", 0, 0, "DecimalSI"), ("0m", 0, 0, "DecimalSI"),
+    ("0Ki", 0, 0, "BinarySI"), ("0k", 0, 0, "DecimalSI"), ("0Mi", 0, 0, "BinarySI"), ("0M", 0, 0, "DecimalSI"),
+    ("0Gi", 0, 0, "BinarySI"), ("0G", 0, 0, "DecimalSI"), ("0Ti", 0, 0, "BinarySI"), ("0T", 0, 0, "DecimalSI"),
+    ("1", 1, 0, "DecimalSI"),
+    ("1Ki", 1024, 0, "BinarySI"), ("8Ki", 8 * 1024, 0, "BinarySI"), ("7Mi", 7 * 1024**2, 0, "BinarySI"),
+    ("6Gi", 6 * 1024**3, 0, "BinarySI"), ("5Ti", 5 * 1024**4, 0, "BinarySI"), ("4Pi", 4 * 1024**5, 0, "BinarySI"),
+    ("3Ei", 3 * 1024**6, 0, "BinarySI"), ("10Ti", 10 * 1024**4, 0, "BinarySI"), ("100Ti", 100 * 1024**4, 0, "BinarySI"),
+    ("5n", 5, -9, "DecimalSI"), ("4u", 4, -6, "DecimalSI"), ("3m", 3, -3, "DecimalSI"), ("9", 9, 0, "DecimalSI"),
+    ("8k", 8, 3, "DecimalSI"), ("50k", 5, 4, "DecimalSI"), ("7M", 7, 6, "DecimalSI"), ("6G", 6, 9, "DecimalSI"),
+    ("5T", 5, 12, "DecimalSI"), ("40T", 4, 13, "DecimalSI"), ("300T", 3, 14, "DecimalSI"), ("2P", 2, 15, "DecimalSI"),
+    ("1E", 1, 18, "DecimalSI"),
+    ("1E-3", 1, -3, "DecimalExponent"), ("1e3", 1, 3, "DecimalExponent"), ("1E6", 1, 6, "DecimalExponent"),
+    ("1e9", 1, 9, "DecimalExponent"), ("1E12", 1, 12, "DecimalExponent"), ("1e15", 1, 15, "DecimalExponent"),
+    ("1E18", 1, 18, "DecimalExponent"), ("1e14", 1, 14, "DecimalExponent"), ("1e13", 1, 13, "DecimalExponent"),
+    ("100.035k", 100035, 0, "DecimalSI"),
+    ("0.001", 1, -3, "DecimalSI"), ("0.0005k", 5, -1, "DecimalSI"), ("0.005", 5, -3, "DecimalSI"),
+    ("0.05", 5, -2, "DecimalSI"), ("0.5", 5, -1, "DecimalSI"), ("0.00050k", 5, -1, "DecimalSI"),
+    ("0.00500", 5, -3, "DecimalSI"), ("0.05000", 5, -2, "DecimalSI"), ("0.50000", 5, -1, "DecimalSI"),
+    ("0.5e0", 5, -1, "DecimalExponent"), ("0.5e-1", 5, -2, "DecimalExponent"), ("0.5e-2", 5, -3, "DecimalExponent"),
+    ("10.035M", 10035, 3, "DecimalSI"), ("1.2e3", 12, 2, "DecimalExponent"), ("1.3E+6", 13, 5, "DecimalExponent"),
+    ("1.40e9", 14, 8, "DecimalExponent"), ("1.53E12", 153, 10, "DecimalExponent"),
+    ("1.6e15", 16, 14, "DecimalExponent"),
+    ("1.7E18", 17, 17, "DecimalExponent"), ("9.01", 901, -2, "DecimalSI"), ("8.1k", 81, 2, "DecimalSI"),
+    ("7.123456M", 7123456, 0, "DecimalSI"), ("6.987654321G", 6987654321, 0, "DecimalSI"),
+    ("5.444T", 5444, 9, "DecimalSI"), ("40.1T", 401, 11, "DecimalSI"), ("300.2T", 3002, 11, "DecimalSI"),
+    ("2.5P", 25, 14, "DecimalSI"), ("1.01E", 101, 16, "DecimalSI"),
+    ("3.001n", 4, -9, "DecimalSI"), ("1.1E-9", 2, -9, "DecimalExponent"), ("0.0000000001", 1, -9, "DecimalSI"),
+    ("0.0000000005", 1, -9, "DecimalSI"), ("0.00000000050", 1, -9, "DecimalSI"), ("0.5e-9", 1, -9, "DecimalExponent"),
+    ("0.9n", 1, -9, "DecimalSI"), ("0.00000012345", 124, -9, "DecimalSI"), ("0.00000012354", 124, -9, "DecimalSI"),
+    ("9Ei", INT64_MAX, 0, "BinarySI"), ("9223372036854775807Ki", INT64_MAX, 0, "BinarySI"),
+    ("12E", 12, 18, "DecimalSI"),
+    ("100.035Ki", 10243584, -2, "BinarySI"), ("0.5Mi", 524288, 0, "BinarySI"), ("0.05Gi", 536870912, -1, "BinarySI"),
+    ("0.025Ti", 274877906944, -1, "BinarySI"),
+    ("0.000000000001Ki", 2, -9, "DecimalSI"), (".001", 1, -3, "DecimalSI"), (".0001k", 100, -3, "DecimalSI"),
+    ("1.", 1, 0, "DecimalSI"), ("1.G", 1, 9, "DecimalSI"),
+]
+
+
+@pytest.mark.parametrize("sign", ["", "+", "-"])
+@pytest.mark.parametrize(("text", "v", "scale", "fmt"), _GOLDEN, ids=[g[0] for g in _GOLDEN])
+def test_apimachinery_parse_table(sign: str, text: str, v: int, scale: int, fmt: str) -> None:
+    q = Quantity.parse(sign + text)
+    expected = Fraction(v) * Fraction(10) ** scale
+    assert q.fraction() == (-expected if sign == "-" else expected)
+    assert q.format == fmt
+
+
+# apimachinery TestQuantityString: (value v * 10**scale, format) -> canonical string, and an
+# alternate spelling that parses to the same canonical string
+_STRINGS = [
+    (1024**3, 0, "BinarySI", "1Gi", "1024Mi"), (300 * 1024**2, 0, "BinarySI", "300Mi", "307200Ki"),
+    (6 * 1024, 0, "BinarySI", "6Ki", ""), (1001 * 1024**3, 0, "BinarySI", "1001Gi", "1025024Mi"),
+    (1024**4, 0, "BinarySI", "1Ti", "1024Gi"), (5, 0, "BinarySI", "5", "5000m"), (500, -3, "BinarySI", "500m", "0.5"),
+    (1, 9, "DecimalSI", "1G", "1000M"), (1000, 6, "DecimalSI", "1G", "0.001T"), (1000000, 3, "DecimalSI", "1G", ""),
+    (1000000000, 0, "DecimalSI", "1G", ""), (1, -3, "DecimalSI", "1m", "1000u"), (80, -3, "DecimalSI", "80m", ""),
+    (1080, -3, "DecimalSI", "1080m", "1.08"), (108, -2, "DecimalSI", "1080m", "1080000000n"),
+    (10800, -4, "DecimalSI", "1080m", ""), (300, 6, "DecimalSI", "300M", ""), (1, 12, "DecimalSI", "1T", ""),
+    (1, 18, "DecimalSI", "1E", ""), (1, 21, "DecimalSI", "1e21", "1000E"), (5, 21, "DecimalSI", "5e21", "5000E"),
+    (1, 24, "DecimalSI", "1e24", "1000000E"), (1234567, 6, "DecimalSI", "1234567M", ""),
+    (1234567, -3, "BinarySI", "1234567m", ""), (3, 3, "DecimalSI", "3k", ""), (1025, 0, "BinarySI", "1025", ""),
+    (0, 0, "DecimalSI", "0", ""), (0, 0, "BinarySI", "0", ""), (1, 9, "DecimalExponent", "1e9", ".001e12"),
+    (1, -3, "DecimalExponent", "1e-3", "0.001e0"), (1, -9, "DecimalExponent", "1e-9", "1000e-12"),
+    (80, -3, "DecimalExponent", "80e-3", ""), (300, 6, "DecimalExponent", "300e6", ""),
+    (1, 12, "DecimalExponent", "1e12", ""), (1, 3, "DecimalExponent", "1e3", ""), (3, 3, "DecimalExponent", "3e3", ""),
+    (0, 0, "DecimalExponent", "0", "00"), (1, -9, "DecimalSI", "1n", ""), (80, -9, "DecimalSI", "80n", ""),
+    (1080, -9, "DecimalSI", "1080n", ""), (108, -8, "DecimalSI", "1080n", ""), (10800, -10, "DecimalSI", "1080n", ""),
+    (1, -6, "DecimalSI", "1u", ""), (80, -6, "DecimalSI", "80u", ""), (1080, -6, "DecimalSI", "1080u", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("v", "scale", "fmt", "canonical", "alternate"), _STRINGS, ids=[f"{x[3]}/{x[2]}" for x in _STRINGS]
+)
+def test_apimachinery_string_table(v: int, scale: int, fmt: str, canonical: str, alternate: str) -> None:
+    q = Quantity(dec_amount=(v, -scale), fmt=fmt)  # type: ignore[arg-type]
+    assert str(q) == canonical
+    if v:
+        assert str(Quantity(dec_amount=(-v, -scale), fmt=fmt)) == "-" + canonical  # type: ignore[arg-type]
+    # parsing the canonical form keeps the text; an alternate spelling gets it computed
+    assert Quantity.parse(canonical)._s == canonical
+    if alternate:
+        other = Quantity.parse(alternate)
+        assert other._s == ""
+        assert str(other) == canonical
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [("1Ki", "1Ki"), ("1Mi", "1Mi"), ("1Gi", "1Gi"), ("1024Mi", "1Gi"), ("1000M", "1G"), (".001Ki", "1024m"),
+     (".000001Ki", "1024u"), (".000000001Ki", "1024n"), (".000000000001Ki", "2n")],
+)
+def test_apimachinery_parse_emit_table(text: str, canonical: str) -> None:
+    assert str(Quantity.parse(text)) == canonical
+    assert str(Quantity.parse("-" + text)) == "-" + canonical
