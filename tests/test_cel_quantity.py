@@ -283,3 +283,55 @@ def test_apimachinery_string_table(v: int, scale: int, fmt: str, canonical: str,
 def test_apimachinery_parse_emit_table(text: str, canonical: str) -> None:
     assert str(Quantity.parse(text)) == canonical
     assert str(Quantity.parse("-" + text)) == "-" + canonical
+
+
+# apimachinery TestParseQuantity: (input, AsInt64 or None, String() or None when it equals the input);
+# each row is checked for the input and for its negation
+_REPRESENTATION = [
+    ("999999999999999999", 999999999999999999, None),
+    ("999999999999999999.0", None, "999999999999999999"),
+    ("999999999999999999.1", None, "999999999999999999100m"),
+    ("9999999999999999999", None, None),
+    ("1E", 10**18, None),
+    ("1000000000000000000", None, "1E"),
+    ("9999999999999999999.0", None, "9999999999999999999"),
+    ("1.0E", 10**18, "1E"),
+    ("1000000000000000000.0", None, "1E"),
+    ("9999999999999999999000m", None, "9999999999999999999"),
+    ("9999999999999999999.1", None, "9999999999999999999100m"),
+    ("1.0000000000000000001E", None, "1000000000000000000100m"),
+    ("1000000000000000000.1", None, "1000000000000000000100m"),
+    ("1.000000000000000001E", None, "1000000000000000001"),
+    ("1000000000000000001", None, None),
+    ("10E", None, None),
+    ("10000000000000000000", None, "10E"),
+    ("10.0E", None, "10E"),
+    ("10000000000000000000.0", None, "10E"),
+    ("10000000000000000000000m", None, "10E"),
+    ("10.0000000000000000001E", None, "10000000000000000000100m"),
+    ("10000000000000000000.1", None, "10000000000000000000100m"),
+    ("10.000000000000000001E", None, "10000000000000000001"),
+    ("10000000000000000001", None, None),
+    ("9223372036854775806", None, None),
+    ("9223372036854775806.0", None, "9223372036854775806"),
+    ("9223372036854775806000m", None, "9223372036854775806"),
+    ("9223372036854775806.1", None, "9223372036854775806100m"),
+    ("9223372036854775807", None, None),
+    ("9223372036854775807.0", None, "9223372036854775807"),
+    ("9223372036854775807000m", None, "9223372036854775807"),
+    ("9223372036854775807.1", None, "9223372036854775807100m"),
+    ("9223372036854775808", None, None),
+    ("9223372036854775808000m", None, "9223372036854775808"),
+    ("9223372036854775808.1", None, "9223372036854775808100m"),
+]
+
+
+@pytest.mark.parametrize("negative", [False, True])
+@pytest.mark.parametrize(("text", "as_int64", "canonical"), _REPRESENTATION, ids=[r[0] for r in _REPRESENTATION])
+def test_apimachinery_representation_table(text: str, as_int64: int | None, canonical: str | None,
+                                           negative: bool) -> None:
+    q = Quantity.parse(("-" if negative else "") + text)
+    expected_int = None if as_int64 is None else (-as_int64 if negative else as_int64)
+    assert q.as_int64() == expected_int
+    expected_text = canonical if canonical is not None else text
+    assert str(q) == ("-" if negative else "") + expected_text
