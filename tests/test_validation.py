@@ -128,9 +128,9 @@ RULES: list[tuple[str, Mutation, Mutation, str]] = [
      _set("metadata.name", "Node_A-gpu"), _set("metadata.name", "node.a-gpu.tessera.dev-000"), "metadata.name"),
     ("metadata.name is at most 253 characters",
      _set("metadata.name", "a" * 254), _set("metadata.name", "a" * 253), "metadata.name"),
-    ("generateName leaves room for the random suffix",
-     lambda o: (o["metadata"].pop("name"), o["metadata"].update(generateName="x" * 249 + "-")),
-     lambda o: (o["metadata"].pop("name"), o["metadata"].update(generateName="node-a-gpu.tessera.dev-")),
+    ("generateName is a DNS subdomain prefix (a trailing '-' is fine)",
+     lambda o: (o["metadata"].pop("name"), o["metadata"].update(generateName="Node_A-")),
+     lambda o: (o["metadata"].pop("name"), o["metadata"].update(generateName="x" * 252 + "-")),
      "metadata.generateName"),
     ("label values are at most 63 characters",
      _set("metadata.labels", {"gpu.tessera.dev/node": "n" * 64}),
@@ -208,7 +208,7 @@ RULES: list[tuple[str, Mutation, Mutation, str]] = [
      _set("spec.devices.0.attributes", {"Resource_k8s.io/x": {"int": 1}}),
      _set("spec.devices.0.attributes", {"resource.kubernetes.io/x": {"int": 1}}),
      "spec.devices[0].attributes[Resource_k8s.io/x]"),
-    ("attribute names have at most one slash",
+    ("attribute names have at most one slash (stricter than the 1.36 apiserver)",
      _set("spec.devices.0.attributes", {"a.io/b/c": {"int": 1}}),
      _set("spec.devices.0.attributes", {"a.io/c": {"int": 1}}),
      "spec.devices[0].attributes[a.io/b/c]"),
@@ -242,8 +242,9 @@ RULES: list[tuple[str, Mutation, Mutation, str]] = [
      _set("spec.devices.0.capacity", {"gpu-memory": {"value": "1"}}),
      _set("spec.devices.0.capacity", {"gpu.tessera.dev/memory": {"value": "1"}}),
      "spec.devices[0].capacity[gpu-memory]"),
-    ("capacity needs a value", _set("spec.devices.0.capacity.memory", {}),
-     _set("spec.devices.0.capacity.memory", {"value": 1024}), "spec.devices[0].capacity[memory].value"),
+    ("capacity values are JSON numbers or quantity strings",
+     _set("spec.devices.0.capacity.memory", {"value": True}),
+     _set("spec.devices.0.capacity.memory", {"value": 1.5}), "spec.devices[0].capacity[memory].value"),
     ("capacity values are quantities", _set("spec.devices.0.capacity.memory", {"value": "80GB"}),
      _set("spec.devices.0.capacity.memory", {"value": "80G"}), "spec.devices[0].capacity[memory].value"),
     ("requestPolicy needs allowMultipleAllocations",
@@ -378,6 +379,12 @@ def test_rule(rule: str, bad: Mutation, good: Mutation, path: str) -> None:
     assert validate_slice(accepted, require_name=True) == [], rule
 
 
+def test_a_capacity_without_value_is_zero_as_for_the_apiserver() -> None:
+    obj = base_slice()
+    dev(obj)["capacity"]["memory"] = {}
+    assert validate_slice(obj) == []
+
+
 def test_name_is_required_only_when_asked() -> None:
     obj = base_slice()
     del obj["metadata"]["name"]
@@ -400,13 +407,14 @@ def test_errors_carry_a_prefix_path_and_read_as_path_colon_message() -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [("132", 132), ("80Gi", 80 * 2**30), ("1.5", Fraction(3, 2)), ("500m", Fraction(1, 2)), ("1k", 1000),
-     ("1E", 10**18), ("1e3", 1000), ("2E-3", Fraction(2, 1000)), (".5Ki", 512), ("+3", 3), ("-1", -1), (7, 7)],
+     ("1E", 10**18), ("1e3", 1000), ("2E-3", Fraction(2, 1000)), (".5Ki", 512), ("+3", 3), ("-1", -1), (7, 7),
+     (1.5, Fraction(3, 2)), (1e21, 10**21)],
 )
 def test_quantities_parse_exactly(text: str | int, value: Fraction | int) -> None:
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "80GB", "1.2.3", "Gi", "1 Gi", "0x10", True, None, 1.5])
+@pytest.mark.parametrize("text", ["", "80GB", "1.2.3", "Gi", "1 Gi", "0x10", True, None, float("inf")])
 def test_non_quantities_do_not_parse(text: Any) -> None:
     assert parse_quantity(text) is None
 
