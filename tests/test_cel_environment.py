@@ -232,3 +232,18 @@ def test_device_view_errors_name_the_field(device: dict, path: str) -> None:
     with pytest.raises(DeviceViewError) as info:
         device_view(DRIVER, {"name": "d", **device})
     assert info.value.path == path
+
+
+def test_default_falls_back_to_celpy_without_cel_expr_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    import structlog.testing
+
+    from driver.cel import selector
+
+    monkeypatch.delenv(ENGINE_ENV_VAR, raising=False)
+    monkeypatch.setattr(selector, "celexpr_available", lambda: False)
+    selector._fallback_warning.cache_clear()
+    with structlog.testing.capture_logs() as logs:
+        assert compile_selector('device.driver == "fallback"').engine == "celpy"
+    assert [entry["event"] for entry in logs] == ["cel_engine_fallback"]
+    # an explicit request is honoured (and fails loudly later if the package really is missing)
+    assert compile_selector('device.driver == "fallback"', engine="celexpr").engine == "celexpr"

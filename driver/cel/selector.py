@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import structlog
 
 from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, analyze
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
 from driver.cel.errors import CelCompileError, CelRuntimeError
 from driver.cel.syntax import CelSyntaxError, line_and_column, parse
+
+log = structlog.get_logger(__name__)
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
@@ -46,11 +52,30 @@ def _cel_type_name(value: object) -> str:
 
 
 def engine_name(engine: str | None) -> str:
-    name = engine or os.environ.get(ENGINE_ENV_VAR) or DEFAULT_ENGINE
+    """The engine to use: the parameter, else $TESSERA_CEL_ENGINE, else the default.
+
+    When nobody asked for an engine and cel-expr-python cannot be imported (it ships binary wheels
+    only), cel-python is used instead, with a warning.
+    """
+    requested = engine or os.environ.get(ENGINE_ENV_VAR)
+    name = requested or DEFAULT_ENGINE
     if name not in ENGINES:
         raise ValueError(f"unknown CEL engine {name!r} (from {'parameter' if engine else ENGINE_ENV_VAR}); "
                          f"use one of {', '.join(ENGINES)}")
+    if not requested and name == "celexpr" and not celexpr_available():
+        _fallback_warning()
+        return "celpy"
     return name
+
+
+def celexpr_available() -> bool:
+    return importlib.util.find_spec("cel_expr_python") is not None
+
+
+@functools.cache
+def _fallback_warning() -> None:
+    log.warning("cel_engine_fallback", engine="celpy", reason="cel-expr-python is not installed",
+                hint=f"install cel-expr-python or set {ENGINE_ENV_VAR}=celpy to silence this")
 
 
 _engines: dict[str, Engine] = {}
