@@ -223,10 +223,15 @@ def test_nvml_plugin_is_privileged_and_mounts_devices_and_driver_root_read_only(
     assert env["LD_LIBRARY_PATH"].startswith("/run/nvidia/driver/usr/lib/x86_64-linux-gnu:")
 
 
-def test_host_installed_driver_root_is_mounted_beside_the_container_root(tools):
+def test_host_installed_driver_root_serves_nvml_and_mps_but_is_not_put_into_cdi_specs(tools):
     ds = one(render(tools), "DaemonSet")
     assert host_mounts(ds)["/"] == ("/driver-root", True)
-    assert "--cdi-driver-root=/driver-root" in container(ds)["args"]
+    # CDI specs would name /driver-root/... paths that do not exist on the host.
+    assert not [a for a in container(ds)["args"] if a.startswith("--cdi-driver-root")]
+    env = {e["name"]: e.get("value") for e in container(ds)["env"]}
+    assert env["LD_LIBRARY_PATH"].startswith("/driver-root/usr/lib/x86_64-linux-gnu:")
+    path = env["PATH"].split(":")
+    assert path[0] == "/opt/tessera/bin" and path[-1] == "/driver-root/usr/bin"
 
 
 def test_nvml_plugin_can_be_unprivileged_when_a_runtime_class_grants_devices(tools):
@@ -289,7 +294,7 @@ def test_plugin_gets_its_node_name_from_the_downward_api(tools):
     ("sets", "present", "absent"),
     [
         ([], ["--nvml", "--mig-strategy=static", "--metrics-addr=:9400"], ["--cleanup-on-exit"]),
-        (["kubeletPlugin.simulate=a100-pcie-4"], ["--simulate=a100-pcie-4"], ["--nvml", "--cdi-driver-root=/"]),
+        (["kubeletPlugin.simulate=a100-pcie-4"], ["--simulate=a100-pcie-4"], ["--nvml"]),
         (["kubeletPlugin.cleanupOnExit=true", "kubeletPlugin.migStrategy=dynamic"],
          ["--cleanup-on-exit", "--mig-strategy=dynamic"], []),
     ],
@@ -813,6 +818,8 @@ def test_image_runs_tessera_as_the_non_root_user_the_controller_expects(tools):
     user = [rest for keyword, rest in final if keyword == "USER"]
     assert user == ["65532:65532"]
     assert ("ENTRYPOINT", '["tessera"]') in final
+    # The plugin's pod spec rebuilds PATH around this venv (to append the host driver's tools).
+    assert any(k == "ENV" and rest.startswith("PATH=/opt/tessera/bin:") for k, rest in final)
     pod = one(render(tools), "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == 65532
     arg = next(rest for keyword, rest in instructions if keyword == "ARG")
