@@ -849,3 +849,12 @@ def test_operations_guide_lists_exactly_the_metrics_the_components_export():
         pytest.skip(f"metrics modules not written yet: {missing}")
     exported = {name for p in sources for name in re.findall(r'"(tessera_\w+)"', p.read_text())}
     assert documented == exported
+
+
+def test_chart_refuses_clusters_without_resource_k8s_io_v1(tools):
+    proc = subprocess.run(
+        [str(tools.helm), "template", "tessera", str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.33.4"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "chart requires kubeVersion: >=1.34.0-0 which is incompatible with Kubernetes v1.33.4" in proc.stderr
