@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.cel.syntax import Call, CelSyntaxError, Ident, Index, ListLit, Literal, Node, Select, parse, unparse
+from driver.cel.printer import unparse
+from driver.cel.syntax import Call, CelSyntaxError, Ident, Index, ListLit, Literal, Node, Select, parse
 
 
 def shape(n: object) -> object:

@@ -19,6 +19,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal as TypingLiteral
 
+from driver.cel.signatures import (
+    COMPARABLE,
+    EMPTY_LIST_COST,
+    FUNCTIONS,
+    MACRO_COSTS,
+    MACROS_1VAR,
+    MACROS_2VAR,
+    NOT_INDEXABLE,
+    NUMERIC,
+    OPERATOR_RESULT,
+    REGEX_FUNCTIONS,
+    TYPE_NAMES,
+    UNCHECKED_FUNCTIONS,
+)
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit, children
 
 # Limits Kubernetes applies to DRA selectors (k8s.io/api/resource, cel.md §1.5).
@@ -89,112 +103,7 @@ BOOL, INT, UINT, DOUBLE = T("bool", 1), T("int", 1), T("uint", 1), T("double", 1
 STRING, BYTES, NULL = T("string"), T("bytes"), T("null", 1)
 QUANTITY, SEMVER = T("quantity", 1), T("semver", 1)
 
-_NUMERIC = ("int", "uint", "double")
-_COMPARABLE = ("int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration")
 
-# Functions of the Kubernetes DRA environment: name -> overloads (member?, argument types, result).
-# "A" in an argument list means "same type as the receiver"; "*" means any type.
-_Overload = tuple[bool, tuple[str, ...], str]
-_FUNCTIONS: dict[str, tuple[_Overload, ...]] = {
-    "size": ((False, ("string",), "int"), (False, ("bytes",), "int"), (False, ("list",), "int"),
-             (False, ("map",), "int"), (True, ("string",), "int"), (True, ("bytes",), "int"),
-             (True, ("list",), "int"), (True, ("map",), "int")),
-    "contains": ((True, ("string", "string"), "bool"),),
-    "startsWith": ((True, ("string", "string"), "bool"),),
-    "endsWith": ((True, ("string", "string"), "bool"),),
-    "matches": ((True, ("string", "string"), "bool"), (False, ("string", "string"), "bool")),
-    "int": tuple((False, (t,), "int") for t in ("int", "uint", "double", "string", "timestamp", "duration")),
-    "uint": tuple((False, (t,), "uint") for t in ("int", "uint", "double", "string")),
-    "double": tuple((False, (t,), "double") for t in ("int", "uint", "double", "string")),
-    "string": tuple((False, (t,), "string") for t in ("int", "uint", "double", "string", "bytes", "bool",
-                                                        "timestamp", "duration")),
-    "bytes": ((False, ("string",), "bytes"), (False, ("bytes",), "bytes")),
-    "bool": ((False, ("bool",), "bool"), (False, ("string",), "bool")),
-    "dyn": ((False, ("*",), "dyn"),),
-    "type": ((False, ("*",), "type"),),
-    "duration": ((False, ("string",), "duration"),),
-    "timestamp": ((False, ("string",), "timestamp"), (False, ("int",), "timestamp")),
-    # quantity library
-    "quantity": ((False, ("string",), "quantity"),),
-    "isQuantity": ((False, ("string",), "bool"),),
-    "sign": ((False, ("quantity",), "int"),),
-    "isGreaterThan": ((True, ("quantity", "quantity"), "bool"), (True, ("semver", "semver"), "bool")),
-    "isLessThan": ((True, ("quantity", "quantity"), "bool"), (True, ("semver", "semver"), "bool")),
-    "compareTo": ((True, ("quantity", "quantity"), "int"), (True, ("semver", "semver"), "int")),
-    "asApproximateFloat": ((True, ("quantity",), "double"),),
-    "asInteger": ((True, ("quantity",), "int"),),
-    "isInteger": ((True, ("quantity",), "bool"),),
-    "add": ((True, ("quantity", "quantity"), "quantity"), (True, ("quantity", "int"), "quantity")),
-    "sub": ((True, ("quantity", "quantity"), "quantity"), (True, ("quantity", "int"), "quantity")),
-    # semver library
-    "semver": ((False, ("string",), "semver"), (False, ("string", "bool"), "semver")),
-    "isSemver": ((False, ("string",), "bool"), (False, ("string", "bool"), "bool")),
-    "major": ((True, ("semver",), "int"),),
-    "minor": ((True, ("semver",), "int"),),
-    "patch": ((True, ("semver",), "int"),),
-    # regex library
-    "find": ((True, ("string", "string"), "string"),),
-    "findAll": ((True, ("string", "string"), "list"), (True, ("string", "string", "int"), "list")),
-    # strings extension v2
-    "charAt": ((True, ("string", "int"), "string"),),
-    "indexOf": ((True, ("string", "string"), "int"), (True, ("string", "string", "int"), "int"),
-                (True, ("list", "*"), "int")),
-    "lastIndexOf": ((True, ("string", "string"), "int"), (True, ("string", "string", "int"), "int"),
-                    (True, ("list", "*"), "int")),
-    "lowerAscii": ((True, ("string",), "string"),),
-    "upperAscii": ((True, ("string",), "string"),),
-    "replace": ((True, ("string", "string", "string"), "string"),
-                (True, ("string", "string", "string", "int"), "string")),
-    "split": ((True, ("string", "string"), "list"), (True, ("string", "string", "int"), "list")),
-    "substring": ((True, ("string", "int"), "string"), (True, ("string", "int", "int"), "string")),
-    "trim": ((True, ("string",), "string"),),
-    "join": ((True, ("list",), "string"), (True, ("list", "string"), "string")),
-    "format": ((True, ("string", "list"), "string"),),
-    "strings.quote": ((False, ("string",), "string"),),
-    # Kubernetes lists library
-    "isSorted": ((True, ("list",), "bool"),),
-    # DRA list-type attributes (1.36): scalar equality or list membership
-    "includes": ((True, ("*", "*"), "bool"),),
-    "sum": ((True, ("list",), "dyn"),),
-    "min": ((True, ("list",), "dyn"),),
-    "max": ((True, ("list",), "dyn"),),
-    # cel-go lists extension v3 and sets
-    "slice": ((True, ("list", "int", "int"), "list"),),
-    "flatten": ((True, ("list",), "list"), (True, ("list", "int"), "list")),
-    "distinct": ((True, ("list",), "list"),),
-    "reverse": ((True, ("list",), "list"),),
-    "sort": ((True, ("list",), "list"),),
-    "lists.range": ((False, ("int",), "list"),),
-    "sets.contains": ((False, ("list", "list"), "bool"),),
-    "sets.equivalent": ((False, ("list", "list"), "bool"),),
-    "sets.intersects": ((False, ("list", "list"), "bool"),),
-    # optional library
-    "optional.of": ((False, ("*",), "optional"),),
-    "optional.ofNonZeroValue": ((False, ("*",), "optional"),),
-    "optional.none": ((False, (), "optional"),),
-    "hasValue": ((True, ("optional",), "bool"),),
-    "value": ((True, ("optional",), "dyn"),),
-    "orValue": ((True, ("optional", "*"), "dyn"),),
-    "or": ((True, ("optional", "optional"), "optional"),),
-    "first": ((True, ("list",), "optional"),),
-    "last": ((True, ("list",), "optional"),),
-}
-# Present in the Kubernetes environment but not type-checked here (URL/IP/CIDR/format/time/authz).
-_UNCHECKED_FUNCTIONS = frozenset({
-    "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery", "ip", "isIP",
-    "ip.isCanonical", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast", "isLinkLocalUnicast",
-    "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR", "masked", "prefixLength", "format.named",
-    "format.dns1123Label", "format.dns1123Subdomain", "format.dns1035Label", "format.qualifiedName",
-    "format.dns1123LabelPrefix", "format.dns1123SubdomainPrefix", "format.dns1035LabelPrefix", "format.labelValue",
-    "format.uri", "format.uuid", "format.byte", "format.date", "format.datetime", "validate", "getFullYear",
-    "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds",
-    "getMilliseconds", "optMap", "optFlatMap", "optional.unwrap", "unwrapOpt",
-})
-_MACROS_1VAR = frozenset({"all", "exists", "exists_one", "map", "filter", "sortBy"})
-_MACROS_2VAR = frozenset({"all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry"})
-_REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})
-_TYPE_NAMES = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
-_NOT_INDEXABLE = frozenset({"string", "bytes", "int", "uint", "double", "bool", "null", "quantity", "semver", "type"})
 
 
 def _compatible(actual: str, expected: str) -> bool:
@@ -248,7 +157,7 @@ class _Analyzer:
                 return scope.vars[n.name], 1
             if n.name == "device":
                 return T("device"), 1
-            if n.name in _TYPE_NAMES:
+            if n.name in TYPE_NAMES:
                 return T("type", 1), 1
             self.issue(n.offset, f"undeclared reference to '{n.name}'")
             return DYN, 1
@@ -284,8 +193,8 @@ class _Analyzer:
         parent = self.parents.get(id(node))
         if not isinstance(parent, Call):
             return None
-        if parent.target is node and parent.function in _FUNCTIONS:
-            members = [o for o in _FUNCTIONS[parent.function] if o[0]]
+        if parent.target is node and parent.function in FUNCTIONS:
+            members = [o for o in FUNCTIONS[parent.function] if o[0]]
             kinds = {o[1][0] for o in members}
             if len(kinds) == 1:
                 return kinds.pop()
@@ -321,7 +230,7 @@ class _Analyzer:
         if base.name in ("device", "attrs", "attrmap", "caps", "capmap") and key_t.name not in ("string", "dyn"):
             self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(map(string, ...), "
                                        f"{key_t.name})': keys of device maps are strings")
-        if base.name in _NOT_INDEXABLE:
+        if base.name in NOT_INDEXABLE:
             self.issue(n.offset, f"found no matching overload for '_[_]' applied to '({base.name}, {key_t.name})'")
             return DYN, cost
         if isinstance(n.index, Literal) and isinstance(n.index.value, str):
@@ -417,7 +326,7 @@ class _Analyzer:
             return result, cc + max(tc, oc)
         if n.target is not None and isinstance(n.target, Ident) and n.target.name == "cel" and fn == "bind":
             return self.visit_bind(n, scope, facts)
-        if n.target is not None and fn in (_MACROS_1VAR | _MACROS_2VAR) and n.args and isinstance(n.args[0], Ident):
+        if n.target is not None and fn in (MACROS_1VAR | MACROS_2VAR) and n.args and isinstance(n.args[0], Ident):
             macro = self.visit_macro(n, scope, facts)
             if macro is not None:
                 return macro
@@ -434,7 +343,7 @@ class _Analyzer:
             at, ac = self.visit(a, scope, facts)
             arg_types.append(at)
             cost += ac
-        if fn in _REGEX_FUNCTIONS:
+        if fn in REGEX_FUNCTIONS:
             self.check_regex(n)
         if fn == "@in" and len(n.args) == 2:
             self.record_membership_test(n, scope, facts)
@@ -476,7 +385,7 @@ class _Analyzer:
             return DYN, 1
         init_t, ic = self.visit(n.args[1], scope, facts)
         body_t, bc = self.visit(n.args[2], scope.child(**{n.args[0].name: init_t}), facts)
-        return body_t, _EMPTY_LIST_COST + ic + bc  # cel.bind is a comprehension over []
+        return body_t, EMPTY_LIST_COST + ic + bc  # cel.bind is a comprehension over []
 
     def visit_macro(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float] | None:
         fn = n.function
@@ -484,7 +393,7 @@ class _Analyzer:
         if fn in ("transformList", "transformMap", "transformMapEntry") or (
                 fn in ("all", "exists", "existsOne") and three_args):
             two_var = True
-        elif fn in _MACROS_1VAR and len(n.args) in (2, 3):
+        elif fn in MACROS_1VAR and len(n.args) in (2, 3):
             two_var = False
         else:
             return None
@@ -518,7 +427,7 @@ class _Analyzer:
             body_types.append(bt)
             body_cost += bcost
         # loop condition + loop step per iteration, plus the result, as cel-go's estimator counts
-        step, result_cost = _MACRO_COSTS.get(fn, (3, 1))
+        step, result_cost = MACRO_COSTS.get(fn, (3, 1))
         cost = rc + size * (body_cost + step) + result_cost
         if fn in ("all", "exists", "exists_one", "existsOne"):
             self.expect_bool(body_args[0], body_types[0], fn)
@@ -548,15 +457,15 @@ class _Analyzer:
 
     def resolve(self, n: Call, target_t: T | None, arg_types: list[T], cost: float) -> tuple[T, float]:
         fn = n.function
-        if fn.startswith(("_", "@", "!", "-")) and fn in _OPERATOR_RESULT:
+        if fn.startswith(("_", "@", "!", "-")) and fn in OPERATOR_RESULT:
             return self.resolve_operator(n, arg_types, cost)
         if fn == "_[_]":
             return DYN, cost + 1
         receiver = (_type_of_device_shape(target_t),) if target_t is not None else ()
         shapes = receiver + tuple(_type_of_device_shape(t) for t in arg_types)
-        overloads = _FUNCTIONS.get(fn)
+        overloads = FUNCTIONS.get(fn)
         if overloads is None:
-            if fn in _UNCHECKED_FUNCTIONS or fn in _MACROS_1VAR | _MACROS_2VAR:
+            if fn in UNCHECKED_FUNCTIONS or fn in MACROS_1VAR | MACROS_2VAR:
                 return DYN, cost + 1
             self.issue(n.offset, f"undeclared reference to '{fn}'")
             return DYN, cost + 1
@@ -606,13 +515,13 @@ class _Analyzer:
             if not bad and all(s in ("string", "bytes", "dyn") for s in shapes) and set(shapes) != {"dyn"}:
                 return BOOL, cost + math.ceil(min(t.size for t in arg_types) * 0.1)
         elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
-            bad = any(s not in _COMPARABLE for s in known) or (
-                len(known) == 2 and known[0] != known[1] and not (known[0] in _NUMERIC and known[1] in _NUMERIC))
+            bad = any(s not in COMPARABLE for s in known) or (
+                len(known) == 2 and known[0] != known[1] and not (known[0] in NUMERIC and known[1] in NUMERIC))
         elif fn in ("_+_",):
-            bad = any(s not in (*_NUMERIC, "string", "bytes", "list", "timestamp", "duration") for s in known) or (
+            bad = any(s not in (*NUMERIC, "string", "bytes", "list", "timestamp", "duration") for s in known) or (
                 len(known) == 2 and known[0] != known[1] and {known[0], known[1]} != {"timestamp", "duration"})
         elif fn in ("_-_", "_*_", "_/_", "_%_"):
-            allowed = _NUMERIC if fn != "_-_" else (*_NUMERIC, "timestamp", "duration")
+            allowed = NUMERIC if fn != "_-_" else (*NUMERIC, "timestamp", "duration")
             bad = any(s not in allowed for s in known) or (
                 len(known) == 2 and known[0] != known[1] and fn != "_-_")
         elif fn == "!_":
@@ -627,7 +536,7 @@ class _Analyzer:
         if fn == "@in" and shapes[1] in ("list", "dyn"):
             # membership in a list is linear in its size (a dyn attribute may hold a list)
             return BOOL, cost + min(arg_types[1].size, _UNBOUNDED)
-        result = _OPERATOR_RESULT[fn]
+        result = OPERATOR_RESULT[fn]
         if result == "same":
             first = next((t for t in arg_types if t.name != "dyn"), DYN)
             if fn == "_+_" and first.name in ("string", "list"):
@@ -636,23 +545,11 @@ class _Analyzer:
         return T(result, 1), cost + 1
 
 
-_EMPTY_LIST_COST = 10
-# per-iteration overhead (loop condition + step) and result cost of each macro
-_MACRO_COSTS = {"all": (3, 1), "exists": (4, 1), "exists_one": (2, 2), "existsOne": (2, 2), "map": (3, 1),
-                "filter": (3, 1), "transformList": (3, 1), "transformMap": (3, 1), "transformMapEntry": (3, 1),
-                "sortBy": (3, 1)}
-
-_OPERATOR_RESULT = {
-    "_==_": "bool", "_!=_": "bool", "_<_": "bool", "_<=_": "bool", "_>_": "bool", "_>=_": "bool", "@in": "bool",
-    "!_": "bool", "_+_": "same", "_-_": "same", "_*_": "same", "_/_": "same", "_%_": "same", "-_": "same",
-}
-
-
 def _qualified_name(n: Call) -> str | None:
     """`strings.quote(x)`, `sets.contains(a, b)`, `optional.of(x)`, `lists.range(n)` parse as member calls."""
     if isinstance(n.target, Ident) and n.target.name in ("strings", "sets", "optional", "lists", "format", "ip"):
         name = f"{n.target.name}.{n.function}"
-        if name in _FUNCTIONS or name in _UNCHECKED_FUNCTIONS:
+        if name in FUNCTIONS or name in UNCHECKED_FUNCTIONS:
             return name
     return None
 

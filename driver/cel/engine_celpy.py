@@ -34,10 +34,11 @@ from driver.cel import library
 from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.printer import unparse
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
-from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select, map_children, unparse
+from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select, map_children
 
 _QUALIFIED = {"strings.quote": "strings_quote", "sets.contains": "sets_contains",
               "sets.equivalent": "sets_equivalent", "sets.intersects": "sets_intersects", "lists.range": "lists_range"}

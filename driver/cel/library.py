@@ -294,6 +294,6 @@ def string_join(items: Sequence[str], sep: str = "") -> str:
 
 
 def strings_quote(s: str) -> str:
-    from driver.cel.syntax import quote_string
+    from driver.cel.printer import quote_string
 
     return quote_string(s)
