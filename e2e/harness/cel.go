@@ -1,0 +1,165 @@
+package main
+
+// The `cel` role is the oracle for tessera's CEL engine: it evaluates DeviceClass/claim selectors
+// with k8s.io/dynamic-resource-allocation/cel, the code the scheduler runs.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
+)
+
+// celCase is one corpus entry. The device is either in corpus form (attributes and capacity
+// nested by domain) or in ResourceSlice form (qualified names as keys); both are accepted.
+type celCase struct {
+	Name       string          `json:"name"`
+	Expression string          `json:"expression"`
+	Device     json.RawMessage `json:"device"`
+}
+
+type celResult struct {
+	Name    string `json:"name"`
+	Result  *bool  `json:"result,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type corpusDevice struct {
+	Driver                   string                     `json:"driver"`
+	Attributes               map[string]json.RawMessage `json:"attributes"`
+	Capacity                 map[string]json.RawMessage `json:"capacity"`
+	AllowMultipleAllocations *bool                      `json:"allowMultipleAllocations"`
+}
+
+// isAttributeValue tells a ResourceSlice attribute ({"int": 1}) from a corpus domain map
+// ({"name": {"int": 1}}).
+func isAttributeValue(raw json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil || len(m) != 1 {
+		return false
+	}
+	for k := range m {
+		switch k {
+		case "int", "bool", "string", "version":
+			return true
+		}
+	}
+	return false
+}
+
+func qualify(domain, name string) resourceapi.QualifiedName {
+	if domain == "" {
+		return resourceapi.QualifiedName(name)
+	}
+	return resourceapi.QualifiedName(domain + "/" + name)
+}
+
+func decodeCELDevice(raw json.RawMessage) (dracel.Device, error) {
+	var cd corpusDevice
+	if err := json.Unmarshal(raw, &cd); err != nil {
+		return dracel.Device{}, err
+	}
+	dev := dracel.Device{Driver: cd.Driver, AllowMultipleAllocations: cd.AllowMultipleAllocations,
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{},
+		Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}}
+	for key, v := range cd.Attributes {
+		if isAttributeValue(v) {
+			var a resourceapi.DeviceAttribute
+			if err := json.Unmarshal(v, &a); err != nil {
+				return dev, fmt.Errorf("attribute %s: %w", key, err)
+			}
+			dev.Attributes[resourceapi.QualifiedName(key)] = a
+			continue
+		}
+		var inner map[string]resourceapi.DeviceAttribute
+		if err := json.Unmarshal(v, &inner); err != nil {
+			return dev, fmt.Errorf("attributes of domain %s: %w", key, err)
+		}
+		for name, a := range inner {
+			dev.Attributes[qualify(key, name)] = a
+		}
+	}
+	for key, v := range cd.Capacity {
+		var asCapacity resourceapi.DeviceCapacity
+		if json.Unmarshal(v, &asCapacity) == nil && !asCapacity.Value.IsZero() {
+			dev.Capacity[resourceapi.QualifiedName(key)] = asCapacity
+			continue
+		}
+		var inner map[string]string
+		if err := json.Unmarshal(v, &inner); err != nil {
+			return dev, fmt.Errorf("capacity %s: want a quantity map per domain or {\"value\": q}: %w", key, err)
+		}
+		for name, q := range inner {
+			parsed, err := resource.ParseQuantity(q)
+			if err != nil {
+				return dev, fmt.Errorf("capacity %s/%s: %w", key, name, err)
+			}
+			dev.Capacity[qualify(key, name)] = resourceapi.DeviceCapacity{Value: parsed}
+		}
+	}
+	return dev, nil
+}
+
+func runCEL(args []string) int {
+	fs := flag.NewFlagSet("cel", flag.ContinueOnError)
+	input := fs.String("corpus", "-", "JSON corpus file (a list of cases, or {\"cases\": [...]}); - for stdin")
+	consumable := fs.Bool("consumable-capacity", true, "compile with the DRAConsumableCapacity environment (device.allowMultipleAllocations)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var data []byte
+	var err error
+	if *input == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(*input)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cel: %v\n", err)
+		return 2
+	}
+	var cases []celCase
+	if err := json.Unmarshal(data, &cases); err != nil {
+		var wrapped struct {
+			Cases []celCase `json:"cases"`
+		}
+		if err2 := json.Unmarshal(data, &wrapped); err2 != nil {
+			fmt.Fprintf(os.Stderr, "cel: corpus is neither a list of cases nor {\"cases\": [...]}: %v\n", err)
+			return 2
+		}
+		cases = wrapped.Cases
+	}
+	cache := dracel.NewCache(len(cases)+1, dracel.Features{EnableConsumableCapacity: *consumable})
+	results := make([]celResult, 0, len(cases))
+	for _, c := range cases {
+		r := celResult{Name: c.Name}
+		compiled := cache.GetOrCompile(c.Expression)
+		if compiled.Error != nil {
+			r.Error, r.Message = "compile", compiled.Error.Error()
+			results = append(results, r)
+			continue
+		}
+		dev, err := decodeCELDevice(c.Device)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "cel: case %q: device: %v\n", c.Name, err)
+			return 2
+		}
+		ok, _, err := compiled.DeviceMatches(context.Background(), dev)
+		if err != nil {
+			r.Error, r.Message = "runtime", err.Error()
+		} else {
+			r.Result = &ok
+		}
+		results = append(results, r)
+	}
+	out, _ := json.MarshalIndent(results, "", "  ")
+	fmt.Println(string(out))
+	return 0
+}

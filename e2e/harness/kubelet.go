@@ -1,0 +1,734 @@
+package main
+
+// The `kubelet` role stands in for the kubelet of one fake node, for the parts of kubelet that a DRA
+// driver talks to: plugin registration over the registry directory, NodePrepareResources before a
+// pod starts, NodeUnprepareResources after it stops, and the wiping of the node's ResourceSlices at
+// start-up. It uses k8s.io/kubelet's generated gRPC clients, so a plugin whose protos differ from
+// kubelet's fails here exactly as it would against a real kubelet.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// PreparedAnnotation carries, on each pod the stand-in prepared, the devices the plugin returned,
+// so tests can read the kubelet's view of a pod from the apiserver alone.
+const PreparedAnnotation = "e2e.tessera.dev/prepared-devices"
+
+// callTimeout mirrors kubelet's per-RPC deadline for the DRA service.
+const callTimeout = 45 * time.Second
+
+type preparedDevice struct {
+	RequestNames []string `json:"requestNames"`
+	PoolName     string   `json:"poolName"`
+	DeviceName   string   `json:"deviceName"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	ShareID      string   `json:"shareID,omitempty"`
+}
+
+type preparedClaim struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	UID       string           `json:"uid"`
+	Driver    string           `json:"driver"`
+	Devices   []preparedDevice `json:"devices"`
+}
+
+// event is one line of the --results file.
+type event struct {
+	Time     string          `json:"time"`
+	Event    string          `json:"event"`
+	Node     string          `json:"node"`
+	Pod      string          `json:"pod,omitempty"`
+	PodUID   string          `json:"podUID,omitempty"`
+	Driver   string          `json:"driver,omitempty"`
+	Endpoint string          `json:"endpoint,omitempty"`
+	Versions []string        `json:"versions,omitempty"`
+	Service  string          `json:"service,omitempty"`
+	Claims   []preparedClaim `json:"claims,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Deleted  int             `json:"deleted,omitempty"`
+}
+
+type recorder struct {
+	mu   sync.Mutex
+	f    *os.File
+	node string
+}
+
+func (r *recorder) record(e event) {
+	e.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	e.Node = r.node
+	line, _ := json.Marshal(e)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, _ = r.f.Write(append(line, '\n'))
+	fmt.Fprintf(os.Stderr, "kubelet: %s\n", line)
+}
+
+// draPlugin is one registered plugin instance. Only one service version is used per instance: the
+// first one in the plugin's own list that this kubelet knows, as the real kubelet chooses.
+type draPlugin struct {
+	driver   string
+	endpoint string
+	service  string
+	conn     *grpc.ClientConn
+	regPath  string
+	regMtime time.Time
+}
+
+func (p *draPlugin) prepare(ctx context.Context, claims []*drav1.Claim) (map[string]*drav1.NodePrepareResourceResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if p.service == drav1.DRAPluginService {
+		resp, err := drav1.NewDRAPluginClient(p.conn).NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claims})
+		if err != nil {
+			return nil, err
+		}
+		return resp.GetClaims(), nil
+	}
+	old := make([]*drav1beta1.Claim, 0, len(claims))
+	for _, c := range claims {
+		old = append(old, &drav1beta1.Claim{Namespace: c.Namespace, Uid: c.Uid, Name: c.Name})
+	}
+	resp, err := drav1beta1.NewDRAPluginClient(p.conn).NodePrepareResources(ctx, &drav1beta1.NodePrepareResourcesRequest{Claims: old})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*drav1.NodePrepareResourceResponse{}
+	for uid, r := range resp.GetClaims() {
+		conv := &drav1.NodePrepareResourceResponse{Error: r.GetError()}
+		for _, d := range r.GetDevices() {
+			conv.Devices = append(conv.Devices, &drav1.Device{RequestNames: d.GetRequestNames(), PoolName: d.GetPoolName(), DeviceName: d.GetDeviceName(), CdiDeviceIds: d.GetCdiDeviceIds()})
+		}
+		out[uid] = conv
+	}
+	return out, nil
+}
+
+func (p *draPlugin) unprepare(ctx context.Context, claims []*drav1.Claim) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	out := map[string]string{}
+	if p.service == drav1.DRAPluginService {
+		resp, err := drav1.NewDRAPluginClient(p.conn).NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+		if err != nil {
+			return nil, err
+		}
+		for uid, r := range resp.GetClaims() {
+			out[uid] = r.GetError()
+		}
+		return out, nil
+	}
+	old := make([]*drav1beta1.Claim, 0, len(claims))
+	for _, c := range claims {
+		old = append(old, &drav1beta1.Claim{Namespace: c.Namespace, Uid: c.Uid, Name: c.Name})
+	}
+	resp, err := drav1beta1.NewDRAPluginClient(p.conn).NodeUnprepareResources(ctx, &drav1beta1.NodeUnprepareResourcesRequest{Claims: old})
+	if err != nil {
+		return nil, err
+	}
+	for uid, r := range resp.GetClaims() {
+		out[uid] = r.GetError()
+	}
+	return out, nil
+}
+
+// podClaims remembers what was prepared for a pod, so it can be unprepared after the pod and
+// even its claims are gone from the apiserver.
+type podClaims struct {
+	key    string
+	claims []preparedClaim
+}
+
+type kubelet struct {
+	node        string
+	registryDir string
+	client      kubernetes.Interface
+	rec         *recorder
+	queue       workqueue.TypedRateLimitingInterface[string]
+	podLister   cache.Indexer
+
+	mu        sync.Mutex
+	plugins   map[string]*draPlugin         // driver name -> instance
+	rejected  map[string]time.Time          // registration socket -> mtime when it was rejected
+	prepared  map[types.UID]*podClaims      // pod UID -> prepared claims
+	claimPods map[string]map[types.UID]bool // claim UID -> pods using it
+}
+
+func runKubelet(args []string) int {
+	fs := flag.NewFlagSet("kubelet", flag.ContinueOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the control plane (required)")
+	node := fs.String("node-name", "", "name of the Node this stand-in serves (required)")
+	registryDir := fs.String("registry-dir", "", "plugin registry directory to watch (required; kubelet's plugins_registry)")
+	results := fs.String("results", "", "JSON-lines file that receives every registration, prepare and unprepare (required)")
+	noWipe := fs.Bool("no-wipe", false, "do not delete the node's ResourceSlices at start (the real kubelet always does)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	for name, v := range map[string]string{"--kubeconfig": *kubeconfig, "--node-name": *node, "--registry-dir": *registryDir, "--results": *results} {
+		if v == "" {
+			fmt.Fprintf(os.Stderr, "kubelet: %s is required\n", name)
+			return 2
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet: kubeconfig: %v\n", err)
+		return 1
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet: client: %v\n", err)
+		return 1
+	}
+	if err := os.MkdirAll(*registryDir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet: %v\n", err)
+		return 1
+	}
+	f, err := os.OpenFile(*results, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet: results file: %v\n", err)
+		return 1
+	}
+	defer f.Close()
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	k := &kubelet{
+		node:        *node,
+		registryDir: *registryDir,
+		client:      client,
+		rec:         &recorder{f: f, node: *node},
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](
+			100*time.Millisecond, 5*time.Second)),
+		plugins:   map[string]*draPlugin{},
+		rejected:  map[string]time.Time{},
+		prepared:  map[types.UID]*podClaims{},
+		claimPods: map[string]map[types.UID]bool{},
+	}
+	if !*noWipe {
+		if err := k.wipeSlices(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet: wiping ResourceSlices: %v\n", err)
+			return 1
+		}
+	}
+	k.rec.record(event{Event: "started"})
+	return k.run(ctx)
+}
+
+// wipeSlices deletes every ResourceSlice of this node, of every driver, as kubelet does at
+// start-up: the plugins are expected to notice and publish again.
+func (k *kubelet) wipeSlices(ctx context.Context) error {
+	sel := fields.OneTermEqualSelector("spec.nodeName", k.node).String()
+	list, err := k.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return err
+	}
+	err = k.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return err
+	}
+	k.rec.record(event{Event: "wiped-slices", Deleted: len(list.Items)})
+	return nil
+}
+
+func (k *kubelet) run(ctx context.Context) int {
+	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.node).String()
+	}))
+	podInformer := factory.Core().V1().Pods().Informer()
+	k.podLister = podInformer.GetIndexer()
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			k.queue.Add(key)
+		}
+	}
+	_, _ = podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: enqueue,
+	})
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
+		return 1
+	}
+	go wait.UntilWithContext(ctx, k.scanRegistry, 200*time.Millisecond)
+	go func() {
+		<-ctx.Done()
+		k.queue.ShutDown()
+	}()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k.processNext(ctx) {
+			}
+		}()
+	}
+	wg.Wait()
+	k.mu.Lock()
+	for _, p := range k.plugins {
+		_ = p.conn.Close()
+	}
+	k.mu.Unlock()
+	return 0
+}
+
+// scanRegistry is kubelet's plugin watcher: sockets that appear (or are re-created) under the
+// registry dir get registered, sockets that vanish get deregistered.
+func (k *kubelet) scanRegistry(ctx context.Context) {
+	seen := map[string]os.FileInfo{}
+	_ = filepath.WalkDir(k.registryDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), ".") || d.Type()&os.ModeSocket == 0 {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			seen[path] = info
+		}
+		return nil
+	})
+	k.mu.Lock()
+	var gone []*draPlugin
+	for driver, p := range k.plugins {
+		info, ok := seen[p.regPath]
+		if !ok || !info.ModTime().Equal(p.regMtime) {
+			gone = append(gone, p)
+			delete(k.plugins, driver)
+		}
+	}
+	known := map[string]bool{}
+	for _, p := range k.plugins {
+		known[p.regPath] = true
+	}
+	for path, mtime := range k.rejected {
+		if info, ok := seen[path]; ok && info.ModTime().Equal(mtime) {
+			known[path] = true
+		} else {
+			delete(k.rejected, path)
+		}
+	}
+	k.mu.Unlock()
+	for _, p := range gone {
+		_ = p.conn.Close()
+		k.rec.record(event{Event: "deregistered", Driver: p.driver, Endpoint: p.endpoint})
+	}
+	paths := make([]string, 0, len(seen))
+	for path := range seen {
+		if !known[path] {
+			paths = append(paths, path)
+		}
+	}
+	sort.Strings(paths)
+	for _, path := range paths {
+		k.register(ctx, path, seen[path].ModTime())
+	}
+}
+
+func (k *kubelet) register(ctx context.Context, regPath string, mtime time.Time) {
+	conn, err := grpc.NewClient("unix://"+regPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		k.rec.record(event{Event: "registration-failed", Endpoint: regPath, Error: err.Error()})
+		return
+	}
+	defer conn.Close()
+	reg := registerapi.NewRegistrationClient(conn)
+	infoCtx, cancel := context.WithTimeout(ctx, time.Second)
+	info, err := reg.GetInfo(infoCtx, &registerapi.InfoRequest{})
+	cancel()
+	if err != nil {
+		// A socket that does not answer yet is retried on the next scan, as kubelet's backoff does.
+		return
+	}
+	notify := func(ok bool, msg string) {
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, _ = reg.NotifyRegistrationStatus(nctx, &registerapi.RegistrationStatus{PluginRegistered: ok, Error: msg})
+	}
+	fail := func(msg string) {
+		k.rec.record(event{Event: "registration-rejected", Driver: info.GetName(), Endpoint: info.GetEndpoint(), Versions: info.GetSupportedVersions(), Error: msg})
+		notify(false, msg)
+		// Remember the rejected socket so it is not re-tried every scan; a new socket is a new try.
+		k.mu.Lock()
+		k.rejected[regPath] = mtime
+		k.mu.Unlock()
+	}
+	if info.GetType() != registerapi.DRAPlugin {
+		fail(fmt.Sprintf("plugin type %q is not %q", info.GetType(), registerapi.DRAPlugin))
+		return
+	}
+	if info.GetName() == "" {
+		fail("plugin name is empty")
+		return
+	}
+	service := ""
+	for _, v := range info.GetSupportedVersions() {
+		if v == drav1.DRAPluginService || v == drav1beta1.DRAPluginService {
+			service = v
+			break
+		}
+	}
+	if service == "" {
+		fail(fmt.Sprintf("none of the supported versions %v is %s or %s", info.GetSupportedVersions(), drav1.DRAPluginService, drav1beta1.DRAPluginService))
+		return
+	}
+	endpoint := info.GetEndpoint()
+	if endpoint == "" {
+		endpoint = regPath
+	}
+	if !filepath.IsAbs(endpoint) {
+		fail(fmt.Sprintf("endpoint %q is not an absolute path", endpoint))
+		return
+	}
+	draConn, err := grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fail(err.Error())
+		return
+	}
+	draConn.Connect()
+	k.mu.Lock()
+	if old, ok := k.plugins[info.GetName()]; ok {
+		_ = old.conn.Close()
+	}
+	k.plugins[info.GetName()] = &draPlugin{driver: info.GetName(), endpoint: endpoint, service: service, conn: draConn, regPath: regPath, regMtime: mtime}
+	k.mu.Unlock()
+	notify(true, "")
+	k.rec.record(event{Event: "registered", Driver: info.GetName(), Endpoint: endpoint, Versions: info.GetSupportedVersions(), Service: service})
+	// Pods that waited for this driver can go ahead now.
+	for _, key := range k.podLister.ListKeys() {
+		k.queue.Add(key)
+	}
+}
+
+func (k *kubelet) processNext(ctx context.Context) bool {
+	key, quit := k.queue.Get()
+	if quit {
+		return false
+	}
+	defer k.queue.Done(key)
+	if err := k.sync(ctx, key); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet: %s: %v (retrying)\n", key, err)
+		k.queue.AddRateLimited(key)
+		return true
+	}
+	k.queue.Forget(key)
+	return true
+}
+
+func (k *kubelet) sync(ctx context.Context, key string) error {
+	obj, exists, err := k.podLister.GetByKey(key)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return k.unprepareGone(ctx, key)
+	}
+	pod := obj.(*corev1.Pod)
+	if pod.DeletionTimestamp != nil {
+		if err := k.unpreparePod(ctx, pod.UID); err != nil {
+			return err
+		}
+		// The pod's containers are "stopped": finish the deletion the way kubelet's status
+		// manager does once a pod has terminated.
+		zero := int64(0)
+		err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return err
+		}
+		return nil
+	}
+	if len(pod.Spec.ResourceClaims) == 0 {
+		return k.markRunning(ctx, pod, nil)
+	}
+	k.mu.Lock()
+	done := k.prepared[pod.UID] != nil
+	k.mu.Unlock()
+	if done && pod.Status.Phase == corev1.PodRunning {
+		return nil
+	}
+	claims, err := k.preparePod(ctx, pod)
+	if err != nil {
+		k.rec.record(event{Event: "prepare-failed", Pod: key, PodUID: string(pod.UID), Error: err.Error()})
+		return err
+	}
+	return k.markRunning(ctx, pod, claims)
+}
+
+// unprepareGone handles a pod that vanished without our seeing its deletion timestamp (force
+// deletion): its claims are unprepared from what was remembered at prepare time.
+func (k *kubelet) unprepareGone(ctx context.Context, key string) error {
+	k.mu.Lock()
+	var uids []types.UID
+	for uid, pc := range k.prepared {
+		if pc.key == key {
+			uids = append(uids, uid)
+		}
+	}
+	k.mu.Unlock()
+	for _, uid := range uids {
+		if err := k.unpreparePod(ctx, uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k *kubelet) pluginFor(driver string) (*draPlugin, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p, ok := k.plugins[driver]
+	if !ok {
+		return nil, fmt.Errorf("DRA driver %s is not registered", driver)
+	}
+	return p, nil
+}
+
+// preparePod does what kubelet does before creating a pod sandbox: resolve every claim of the
+// pod, check that it is allocated and reserved for the pod, and call each driver once with all of
+// the pod's claims that it has results in.
+func (k *kubelet) preparePod(ctx context.Context, pod *corev1.Pod) ([]preparedClaim, error) {
+	type claimRef struct {
+		namespace, name, uid string
+	}
+	byDriver := map[string][]claimRef{}
+	for _, pc := range pod.Spec.ResourceClaims {
+		name := ""
+		if pc.ResourceClaimName != nil {
+			name = *pc.ResourceClaimName
+		} else {
+			for _, st := range pod.Status.ResourceClaimStatuses {
+				if st.Name == pc.Name && st.ResourceClaimName != nil {
+					name = *st.ResourceClaimName
+				}
+			}
+		}
+		if name == "" {
+			return nil, fmt.Errorf("pod claim %q has no generated ResourceClaim yet", pc.Name)
+		}
+		claim, err := k.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("get ResourceClaim %s/%s: %w", pod.Namespace, name, err)
+		}
+		if pc.ResourceClaimTemplateName != nil && !metav1.IsControlledBy(claim, pod) {
+			return nil, fmt.Errorf("ResourceClaim %s/%s was not generated for this pod", pod.Namespace, name)
+		}
+		if claim.Status.Allocation == nil {
+			return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", pod.Namespace, name)
+		}
+		reserved := false
+		for _, r := range claim.Status.ReservedFor {
+			if r.UID == pod.UID {
+				reserved = true
+			}
+		}
+		if !reserved {
+			return nil, fmt.Errorf("pod is not in status.reservedFor of ResourceClaim %s/%s", pod.Namespace, name)
+		}
+		drivers := map[string]bool{}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			drivers[r.Driver] = true
+		}
+		for d := range drivers {
+			byDriver[d] = append(byDriver[d], claimRef{pod.Namespace, name, string(claim.UID)})
+		}
+	}
+	var out []preparedClaim
+	drivers := make([]string, 0, len(byDriver))
+	for d := range byDriver {
+		drivers = append(drivers, d)
+	}
+	sort.Strings(drivers)
+	for _, driver := range drivers {
+		p, err := k.pluginFor(driver)
+		if err != nil {
+			return nil, err
+		}
+		req := make([]*drav1.Claim, 0, len(byDriver[driver]))
+		for _, c := range byDriver[driver] {
+			req = append(req, &drav1.Claim{Namespace: c.namespace, Name: c.name, Uid: c.uid})
+		}
+		k.rec.record(event{Event: "prepare-started", Pod: pod.Namespace + "/" + pod.Name, PodUID: string(pod.UID), Driver: driver,
+			Claims: claimsOf(req, driver)})
+		resp, err := p.prepare(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("NodePrepareResources on %s: %w", driver, err)
+		}
+		var errs []error
+		for uid := range resp {
+			found := false
+			for _, c := range req {
+				found = found || c.Uid == uid
+			}
+			if !found {
+				errs = append(errs, fmt.Errorf("%s returned a result for unknown claim UID %s", driver, uid))
+			}
+		}
+		for _, c := range req {
+			r, ok := resp[c.Uid]
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s skipped ResourceClaim %s/%s", driver, c.Namespace, c.Name))
+				continue
+			}
+			if r.GetError() != "" {
+				errs = append(errs, fmt.Errorf("%s: ResourceClaim %s/%s: %s", driver, c.Namespace, c.Name, r.GetError()))
+				continue
+			}
+			pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, UID: c.Uid, Driver: driver, Devices: []preparedDevice{}}
+			for _, d := range r.GetDevices() {
+				if d.GetPoolName() == "" || d.GetDeviceName() == "" {
+					errs = append(errs, fmt.Errorf("%s: ResourceClaim %s/%s: device without pool or device name", driver, c.Namespace, c.Name))
+				}
+				pc.Devices = append(pc.Devices, preparedDevice{
+					RequestNames: nonNil(d.GetRequestNames()), PoolName: d.GetPoolName(), DeviceName: d.GetDeviceName(),
+					CDIDeviceIDs: nonNil(d.GetCdiDeviceIds()), ShareID: d.GetShareId()})
+			}
+			out = append(out, pc)
+		}
+		if len(errs) > 0 {
+			return nil, errors.Join(errs...)
+		}
+	}
+	k.mu.Lock()
+	k.prepared[pod.UID] = &podClaims{key: pod.Namespace + "/" + pod.Name, claims: out}
+	for _, c := range out {
+		if k.claimPods[c.UID] == nil {
+			k.claimPods[c.UID] = map[types.UID]bool{}
+		}
+		k.claimPods[c.UID][pod.UID] = true
+	}
+	k.mu.Unlock()
+	k.rec.record(event{Event: "prepared", Pod: pod.Namespace + "/" + pod.Name, PodUID: string(pod.UID), Claims: out})
+	return out, nil
+}
+
+func claimsOf(req []*drav1.Claim, driver string) []preparedClaim {
+	out := make([]preparedClaim, 0, len(req))
+	for _, c := range req {
+		out = append(out, preparedClaim{Namespace: c.Namespace, Name: c.Name, UID: c.Uid, Driver: driver})
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// unpreparePod calls NodeUnprepareResources for the claims of the pod that no other pod on this
+// node still uses, as kubelet does when the last consumer of a claim terminates.
+func (k *kubelet) unpreparePod(ctx context.Context, podUID types.UID) error {
+	k.mu.Lock()
+	pc := k.prepared[podUID]
+	k.mu.Unlock()
+	if pc == nil {
+		return nil
+	}
+	byDriver := map[string][]*drav1.Claim{}
+	k.mu.Lock()
+	for _, c := range pc.claims {
+		users := k.claimPods[c.UID]
+		if len(users) == 1 && users[podUID] || len(users) == 0 {
+			byDriver[c.Driver] = append(byDriver[c.Driver], &drav1.Claim{Namespace: c.Namespace, Name: c.Name, Uid: c.UID})
+		}
+	}
+	k.mu.Unlock()
+	var unprepared []preparedClaim
+	for driver, claims := range byDriver {
+		p, err := k.pluginFor(driver)
+		if err != nil {
+			return err
+		}
+		resp, err := p.unprepare(ctx, claims)
+		if err != nil {
+			k.rec.record(event{Event: "unprepare-failed", Pod: pc.key, PodUID: string(podUID), Driver: driver, Error: err.Error()})
+			return fmt.Errorf("NodeUnprepareResources on %s: %w", driver, err)
+		}
+		for _, c := range claims {
+			msg, ok := resp[c.Uid]
+			if !ok {
+				msg = "claim missing from the response"
+			}
+			if msg != "" {
+				k.rec.record(event{Event: "unprepare-failed", Pod: pc.key, PodUID: string(podUID), Driver: driver, Error: msg})
+				return fmt.Errorf("%s: unprepare ResourceClaim %s/%s: %s", driver, c.Namespace, c.Name, msg)
+			}
+			unprepared = append(unprepared, preparedClaim{Namespace: c.Namespace, Name: c.Name, UID: c.Uid, Driver: driver})
+		}
+	}
+	k.mu.Lock()
+	delete(k.prepared, podUID)
+	for _, c := range pc.claims {
+		delete(k.claimPods[c.UID], podUID)
+		if len(k.claimPods[c.UID]) == 0 {
+			delete(k.claimPods, c.UID)
+		}
+	}
+	k.mu.Unlock()
+	k.rec.record(event{Event: "unprepared", Pod: pc.key, PodUID: string(podUID), Claims: unprepared})
+	return nil
+}
+
+// markRunning records the prepared devices on the pod and reports it Running and Ready, which is
+// what a user would see once kubelet started the containers.
+func (k *kubelet) markRunning(ctx context.Context, pod *corev1.Pod, claims []preparedClaim) error {
+	if claims == nil {
+		claims = []preparedClaim{}
+	}
+	data, _ := json.Marshal(claims)
+	if pod.Annotations[PreparedAnnotation] != string(data) {
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{PreparedAnnotation: string(data)}}})
+		updated, err := k.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if err != nil {
+			return err
+		}
+		pod = updated
+	}
+	if pod.Status.Phase == corev1.PodRunning {
+		return nil
+	}
+	now := metav1.Now()
+	st := pod.DeepCopy()
+	st.Status.Phase = corev1.PodRunning
+	st.Status.StartTime = &now
+	st.Status.HostIP = "127.0.0.1"
+	st.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+	}
+	_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, st, metav1.UpdateOptions{})
+	return err
+}
