@@ -322,8 +322,11 @@ def test_plugin_node_selector_and_tolerations_target_gpu_nodes_and_can_be_cleare
 
 def test_plugin_probes_use_the_metrics_endpoint_health_check(tools):
     c = container(one(render(tools), "DaemonSet"))
-    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    # A slow apiserver at start must not get the plugin (and with it the MPS daemons) restarted.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
 
 
