@@ -424,11 +424,17 @@ class Publisher:
 
     def _run_watch(self) -> None:
         resource_version = ""
+        broken = False
         while not self._stop.is_set():
             try:
                 if not resource_version:
                     listed = self._api.list_resource_slices(field_selector=self._selector)
                     resource_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                    if broken:
+                        # Changes made while the watch was down were never seen: check the pool now.
+                        log.info("ResourceSlice watch restored", node=self._node)
+                        broken = False
+                        self._wake.set()
                 for event in self._api.watch_resource_slices(resource_version, field_selector=self._selector,
                                                              timeout_seconds=self._watch_timeout):
                     if self._stop.is_set():
@@ -448,8 +454,12 @@ class Publisher:
             except Exception as exc:  # the watch must outlive any bad answer; the resync covers the gap
                 resource_version = ""
                 delay = self._watch_backoff.next()
-                if isinstance(exc, ApiError):
-                    log.debug("ResourceSlice watch failed", node=self._node, error=str(exc), retry_in_s=delay)
-                else:
+                if not isinstance(exc, ApiError):
                     log.exception("ResourceSlice watch broke unexpectedly", node=self._node, retry_in_s=delay)
+                elif not broken:
+                    log.warning("ResourceSlice watch failed; changes by others are repaired at the next resync "
+                                "until it is back", node=self._node, error=str(exc), retry_in_s=round(delay, 2))
+                else:
+                    log.debug("ResourceSlice watch still failing", node=self._node, error=str(exc), retry_in_s=delay)
+                broken = True
                 self._stop.wait(delay)

@@ -430,3 +430,37 @@ def test_the_echo_of_its_own_writes_does_not_make_the_publisher_sync_again(
     fake.external_delete_slice(name)
     eventually(lambda: pub.syncs >= 3 and name in stored(fake))
     assert pub.syncs == 3
+
+
+class WatchlessKubeAPI(FakeKubeAPI):
+    """An apiserver whose watch keeps failing until `watch_ok` is set (e.g. RBAC fixed, proxy back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watch_ok = threading.Event()
+        self.watch_failures = 0
+
+    def watch_resource_slices(self, resource_version: str, field_selector: str = "", timeout_seconds: int = 60):
+        if not self.watch_ok.is_set():
+            from driver.kubeapi import ApiError
+
+            self.watch_failures += 1
+            raise ApiError(403, "Forbidden", "cannot watch resourceslices")
+        return super().watch_resource_slices(resource_version, field_selector, timeout_seconds)
+
+
+def test_changes_made_while_the_watch_was_down_are_repaired_once_it_is_back() -> None:
+    api = WatchlessKubeAPI()
+    api.add_node(NODE)
+    pub = Publisher(api, NODE, one_slice(), republish_delay=0, watch_timeout=1, resync_interval=3600,
+                    backoff=Backoff(initial=0.01, maximum=0.05))
+    pub.start()
+    try:
+        assert pub.wait_synced(10)
+        eventually(lambda: api.watch_failures >= 1)
+        api.external_delete_slice(slice_name(NODE, 0))
+        api.watch_ok.set()
+        eventually(lambda: slice_name(NODE, 0) in stored(api))
+    finally:
+        pub.stop()
+        api.close_watches()
