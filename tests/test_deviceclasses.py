@@ -325,3 +325,20 @@ def test_examples_pass_the_admission_checks_offline(cel):
     rc = check.check_files(files, slices=None, kubeconfig=None, out=out, err=err)
     assert rc == 0, out.getvalue() + err.getvalue()
     assert "0 error(s), 0 warning(s)" in out.getvalue(), out.getvalue()
+
+
+TOGGLES = {
+    "gpu": "gpu.tessera.dev", "mig": "mig.gpu.tessera.dev", "shared": "shared.gpu.tessera.dev",
+    "timeslicing": "timeslicing.gpu.tessera.dev", "nvlink": "nvlink.gpu.tessera.dev", "h100": "h100.gpu.tessera.dev",
+}
+
+
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_each_chart_toggle_leaves_out_exactly_its_class(chart_classes, toggle):
+    from hack.k8stools import ensure_tools
+    from tests.test_helm import objects, render
+
+    del chart_classes  # only for its skip when helm is unavailable
+    docs = render(ensure_tools(), f"deviceClasses.{toggle}=false")
+    names = {d["metadata"]["name"] for d in objects(docs, "DeviceClass")}
+    assert names == set(CLASSES) - {TOGGLES[toggle]}
