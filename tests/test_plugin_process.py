@@ -581,3 +581,118 @@ def test_config_rejects_what_cannot_work(root: Path) -> None:
         make_config(root, mig_strategy="auto")
     with pytest.raises(PluginConfigError, match="--cdi-dir must be an absolute path"):
         make_config(root, cdi_dir=Path("cdi"))
+
+
+# -- health board, health file and metrics endpoint edge cases ---------------------------------------
+
+
+def test_health_of_an_unknown_device_is_refused() -> None:
+    from kubeletplugin.health import Health, HealthBoard
+
+    board = HealthBoard(NODE, ["gpu-0", "gpu-1-mig-1g10gb-6"])
+    with pytest.raises(KeyError, match="'gpu-7' is not published by this node"):
+        board.set_health("gpu-7", Health.UNHEALTHY)
+
+
+def test_unchanged_health_does_not_wake_the_streams() -> None:
+    from kubeletplugin.health import Health, HealthBoard
+
+    board = HealthBoard(NODE, ["gpu-0"])
+    version, _ = board.snapshot()
+    board.set_health("gpu-0", Health.HEALTHY)
+    assert board.snapshot()[0] == version
+    board.set_health("gpu-0", Health.UNHEALTHY, "XID 48")
+    assert board.wait_for_change(version, 0) == version + 1
+
+
+def test_set_devices_keeps_known_states_and_drops_vanished_devices() -> None:
+    from kubeletplugin.health import Health, HealthBoard
+
+    board = HealthBoard(NODE, ["gpu-0", "gpu-1"])
+    board.set_health("gpu-0", Health.UNHEALTHY, "XID 79")
+    board.set_devices(["gpu-0", "gpu-2"])
+    states = {s.device_name: s.health for s in board.snapshot()[1]}
+    assert states == {"gpu-0": Health.UNHEALTHY, "gpu-2": Health.HEALTHY}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "top level must be an object"),
+        ('{"gpu-0": "Unhealthy"}', "gpu-0: must be an object"),
+    ],
+)
+def test_malformed_health_file_is_reported_with_its_path(root: Path, content: str, message: str) -> None:
+    from kubeletplugin.health import FileHealthSource, HealthBoard
+
+    path = root / "health.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as err:
+        FileHealthSource(path, HealthBoard(NODE, ["gpu-0"])).read()
+    assert str(path) in str(err.value)
+
+
+def test_extra_health_streams_beyond_the_cap_are_refused(root: Path) -> None:
+    from kubeletplugin.grpcservers import UnixSocketServer
+    from kubeletplugin.health import DRAResourceHealthServicer, HealthBoard
+    from tests.kubeletclient import PluginConnection
+
+    board = HealthBoard(NODE, ["gpu-0"])
+    servicer = DRAResourceHealthServicer(board, max_streams=1)
+    paths = SocketPaths(root / "kubelet")
+    server = UnixSocketServer("dra", paths.dra_socket, [servicer.add_to], max_workers=4)
+    server.start()
+    try:
+        with PluginConnection(str(paths.dra_socket), "v1.DRAPlugin", DRIVER, ()) as first, \
+                PluginConnection(str(paths.dra_socket), "v1.DRAPlugin", DRIVER, ()) as second:
+            held = first.watch_health()
+            assert [d["device"] for d in next(held)] == ["gpu-0"]
+            with pytest.raises(grpc.RpcError) as err:
+                next(second.watch_health())
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            board.close()
+            assert list(held) == []
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("addr", "expected"),
+    [(":9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9400", ("::1", 9400))],
+)
+def test_metrics_addresses(addr: str, expected: tuple[str, int]) -> None:
+    from kubeletplugin.metrics import parse_listen_address
+
+    assert parse_listen_address(addr) == expected
+
+
+@pytest.mark.parametrize(
+    ("addr", "message"), [("9400", "HOST:PORT"), ("host:http", "HOST:PORT"), (":70000", "0..65535")]
+)
+def test_bad_metrics_addresses_are_refused(addr: str, message: str) -> None:
+    from kubeletplugin.metrics import parse_listen_address
+
+    with pytest.raises(ValueError, match=message):
+        parse_listen_address(addr)
+
+
+def test_metrics_server_that_cannot_bind_says_where() -> None:
+    import socket as socketlib
+
+    from kubeletplugin.metrics import MetricsServer, PluginMetrics
+
+    with socketlib.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = MetricsServer(f"127.0.0.1:{port}", PluginMetrics(), lambda: (True, ""))
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            server.start()
+
+
+def test_publisher_state_must_be_a_known_one() -> None:
+    from kubeletplugin.metrics import PublisherStatus
+
+    with pytest.raises(ValueError, match="publisher state must be one of"):
+        PublisherStatus(state="happy", syncs=0, errors=0, last_sync_time=None)
