@@ -1,7 +1,7 @@
 """The differential corpus (tests/cel/corpus.json) on both engines.
 
 Expected values encode Kubernetes' behaviour (to be confirmed by the Go oracle, e2e/harness cel).
-A case an engine gets wrong must be listed in tests/cel/known_differences.json with the reason;
+A case an engine gets wrong must be listed in tests/cel/known_differences.yaml with the reason;
 an unlisted difference fails, and so does a listed one that no longer differs.
 """
 

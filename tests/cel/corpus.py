@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from driver.cel import CelCompileError, CelRuntimeError, compile_selector, device_view
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus.json"
-KNOWN_DIFFERENCES = HERE / "known_differences.json"
+KNOWN_DIFFERENCES = HERE / "known_differences.yaml"
 
 
 def load_cases() -> list[dict[str, Any]]:
@@ -19,7 +21,7 @@ def load_cases() -> list[dict[str, Any]]:
 
 
 def load_known_differences() -> dict[str, dict[str, str]]:
-    data: dict[str, dict[str, str]] = json.loads(KNOWN_DIFFERENCES.read_text())
+    data: dict[str, dict[str, str]] = yaml.safe_load(KNOWN_DIFFERENCES.read_text())
     return data
 
 
