@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FieldDescriptor
 
 from proto import generate
@@ -161,3 +163,52 @@ def test_each_proto_registers_under_its_own_path() -> None:
         "proto/pluginregistration/v1/api.proto",
         "proto/drahealth/v1alpha1/api.proto",
     }
+
+
+def _kubelet_module() -> Path | None:
+    """k8s.io/kubelet's sources from the Go module cache the e2e harness fills, when present."""
+    roots = [os.environ.get("GOMODCACHE", ""), os.path.join(os.environ.get("TESSERA_CACHE", ""), "go", "mod"),
+             str(Path.home() / ".cache" / "tessera" / "go" / "mod")]
+    for root in filter(None, roots):
+        found = sorted(Path(root).glob("k8s.io/kubelet@v0.*/pkg/apis/dra/v1/api.proto"))
+        if found:
+            return found[-1].parents[4]
+    return None
+
+
+def _descriptors(include: Path, files: list[str], out: Path) -> list[descriptor_pb2.FileDescriptorProto]:
+    from grpc_tools import protoc  # type: ignore[import-untyped]
+
+    assert protoc.main(["protoc", f"-I{include}", f"--descriptor_set_out={out}", *files]) == 0
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    for f in fds.file:
+        # The file name and the (gogo) options are not on the wire; everything else must match.
+        f.ClearField("name")
+        f.ClearField("options")
+        for m in f.message_type:
+            for field in m.field:
+                field.ClearField("options")
+    return list(fds.file)
+
+
+def test_protos_equal_kubelets_own_on_the_wire(tmp_path: Path) -> None:
+    module = _kubelet_module()
+    if module is None:
+        pytest.skip("k8s.io/kubelet is not in the Go module cache (run `make harness` once to fill it)")
+    upstream = ["dra/v1/api.proto", "dra/v1beta1/api.proto", "dra-health/v1alpha1/api.proto",
+                "pluginregistration/v1/api.proto"]
+    for rel in upstream:
+        target = tmp_path / "src" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = (module / "pkg" / "apis" / rel).read_text().splitlines(keepends=True)
+        target.write_text("".join(line for line in lines if "gogo" not in line))
+    theirs = _descriptors(tmp_path / "src", upstream, tmp_path / "theirs.pb")
+    ours = _descriptors(
+        generate.REPO_ROOT,
+        [str(p) for p in generate.proto_sources()],
+        tmp_path / "ours.pb",
+    )
+    by_package = {f.package: f for f in ours}
+    for f in theirs:
+        assert f.package in by_package, f"no tessera proto for package {f.package}"
+        assert by_package[f.package] == f, f"{f.package} differs from {module.name}"
