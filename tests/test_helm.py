@@ -56,6 +56,7 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
         f"deviceClasses.{name}=false" for name in ("gpu", "mig", "shared", "timeslicing", "nvlink", "h100")
     ],
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
+    "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
 }
 
 
@@ -402,6 +403,12 @@ def test_kubeapi_permission_table_covers_every_kubeapi_method():
 
 def test_plugin_cluster_role_is_exactly_what_the_plugin_calls(tools):
     role = one(render(tools), "ClusterRole", "tessera-kubelet-plugin")
+    assert granted(role) == set(KUBEAPI_PERMISSIONS.values())
+    assert all("resourceNames" not in rule for rule in role["rules"])
+
+
+def test_claim_status_writes_are_limited_to_this_driver_on_the_plugins_node(tools):
+    role = one(render(tools, "kubeletPlugin.rbac.writeClaimStatus=true"), "ClusterRole", "tessera-kubelet-plugin")
     assert granted(role) == set(KUBEAPI_PERMISSIONS.values()) | CLAIM_STATUS_PERMISSIONS
     for rule in role["rules"]:
         if "resourceclaims/driver" in rule["resources"]:
