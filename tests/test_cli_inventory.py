@@ -110,3 +110,29 @@ def test_publish_once_fails_with_the_apiserver_error(capsys: pytest.CaptureFixtu
     rc, _, err = run(capsys, "publish", "--node-name", "node-a", "--simulate", "t4-4", "--once")
     assert rc == 1
     assert "Unreachable" in err
+
+
+def test_publish_runs_until_sigterm_and_cleans_up_when_asked(fake: FakeKubeAPI,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import threading
+    import time
+
+    from tessera.cli import build_parser
+    from tessera.cmd_publish import run as publish
+
+    handlers: dict[int, Any] = {}
+    monkeypatch.setattr(signal, "signal", handlers.__setitem__)
+    args = build_parser().parse_args(["publish", "--node-name", "node-a", "--simulate", "t4-4", "--cleanup"])
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(publish(args)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (fake.slices and signal.SIGTERM in handlers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slice_name("node-a", 0) in fake.slices
+    handlers[signal.SIGTERM](signal.SIGTERM, None)
+    worker.join(10)
+    fake.close_watches()
+    assert result == [0]
+    assert fake.slices == {}
