@@ -253,6 +253,11 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
         mps = FakeMpsControl(config.state_dir)
         mig = SimulatedMigManager(config.state_dir)
     else:
+        if driver_root is None:
+            log.warning(
+                "no --cdi-driver-root: CDI specs will carry device nodes but no driver libraries, so containers "
+                "need their own libcuda matching the host driver"
+            )
         binary = driver_root.binary("nvidia-cuda-mps-control") if driver_root else None
         mps = NvidiaMpsControl(config.state_dir, binary or "nvidia-cuda-mps-control")
         mig = NvmlMigManager(config.state_dir)
