@@ -137,10 +137,6 @@ class KubeletPlugin:
         self.metrics_server = MetricsServer(config.metrics_addr, self.metrics, self.healthz)
         self._publisher_started = False
         self._stopped = False
-        self._status_lock = threading.Lock()
-        self._publisher_state = "starting"
-        self._seen_syncs = 0
-        self._seen_errors = 0
         self.metrics.watch_publisher(self._publisher_status)
         self.metrics.prepared_devices.set_function(self._prepared_device_count)
         self.health.add_listener(
@@ -211,19 +207,13 @@ class KubeletPlugin:
 
     def _publisher_status(self) -> PublisherStatus:
         p = self.publisher
-        syncs, errors = p.syncs, p.errors
-        with self._status_lock:
-            if self._stopped:
-                self._publisher_state = "stopped"
-            elif syncs > self._seen_syncs:
-                # Both counters only grow. A success since the last look means it is publishing; the
-                # publisher only fails again after a resync or a watch event, so success came last.
-                self._publisher_state = "synced"
-            elif errors > self._seen_errors:
-                self._publisher_state = "retrying"
-            self._seen_syncs, self._seen_errors = syncs, errors
-            state = self._publisher_state
-        return PublisherStatus(state=state, syncs=syncs, errors=errors, last_sync_time=p.last_sync_time)
+        if self._stopped:
+            state = "stopped"
+        elif p.last_sync_ok is None:
+            state = "starting"
+        else:
+            state = "synced" if p.last_sync_ok else "retrying"
+        return PublisherStatus(state=state, syncs=p.syncs, errors=p.errors, last_sync_time=p.last_sync_time)
 
     def _prepared_device_count(self) -> float:
         from kubeletplugin.checkpoint import ClaimState
@@ -239,29 +229,39 @@ class KubeletPlugin:
 
 
 def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceState:
-    """DeviceState with the MPS and MIG backends that match the discovery backend."""
+    """DeviceState with the MPS, MIG and time-slice backends that match the discovery backend."""
     from driver.driverroot import discover_driver_root
     from kubeletplugin.migmanager import MigManager, NvmlMigManager, SimulatedMigManager
     from kubeletplugin.mps import FakeMpsControl, MpsControl, NvidiaMpsControl
     from kubeletplugin.state import DeviceState
+    from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, RecordingTimeSlicer, TimeSlicer
 
     driver_root = discover_driver_root(config.cdi_driver_root) if config.cdi_driver_root else None
     mps: MpsControl
     mig: MigManager
+    timeslicer: TimeSlicer
     if config.simulated:
-        # Simulated GPUs cannot run MPS daemons or MIG instances; their stand-ins keep the same records.
+        # Simulated GPUs cannot run MPS daemons, MIG instances or time slices; their stand-ins keep
+        # the same records on disk, so restarts and crash recovery behave as on a real node.
         mps = FakeMpsControl(config.state_dir)
         mig = SimulatedMigManager(config.state_dir)
+        timeslicer = RecordingTimeSlicer(config.state_dir)
     else:
         if driver_root is None:
             log.warning(
                 "no --cdi-driver-root: CDI specs will carry device nodes but no driver libraries, so containers "
                 "need their own libcuda matching the host driver"
             )
-        binary = driver_root.binary("nvidia-cuda-mps-control") if driver_root else None
-        mps = NvidiaMpsControl(config.state_dir, binary or "nvidia-cuda-mps-control")
+        mps_binary = driver_root.binary("nvidia-cuda-mps-control") if driver_root else None
+        smi_binary = driver_root.binary("nvidia-smi") if driver_root else None
+        mps = NvidiaMpsControl(config.state_dir, mps_binary or "nvidia-cuda-mps-control")
         mig = NvmlMigManager(config.state_dir)
-    return DeviceState(inventory, config.cdi_dir, config.state_dir, config.node_name, mps, mig, driver_root)
+        timeslicer = NvidiaSmiTimeSlicer(
+            smi_binary or "nvidia-smi", library_dirs=driver_root.library_dirs() if driver_root else ()
+        )
+    return DeviceState(
+        inventory, config.cdi_dir, config.state_dir, config.node_name, mps, mig, driver_root, timeslicer=timeslicer
+    )
 
 
 def run_plugin(

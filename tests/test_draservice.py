@@ -6,6 +6,7 @@ every per-claim failure; the second part (further down) runs against the real De
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -533,3 +534,26 @@ def test_device_not_on_this_node_is_a_claim_error(real: RealRig) -> None:
     error = real.conn.prepare([ref_of(claim)])[uid(10)].error
     assert "gpu-9" in error and "not on node node-a" in error
     assert spec_files(real.cdi_dir) == []
+
+
+def test_time_slicing_config_reaches_the_gpu_and_is_reset_at_unprepare(real: RealRig) -> None:
+    config = {
+        "source": "FromClaim",
+        "requests": ["gpu"],
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "gpu.tessera.dev/v1alpha1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+            },
+        },
+    }
+    claim = make_claim("sliced", [result("gpu-0")], uid=uid(11))
+    claim["status"]["allocation"]["devices"]["config"] = [config]
+    real.api.add_claim(claim)
+    assert real.conn.prepare([ref_of(claim)])[uid(11)].error == ""
+    recorded = real.state_dir / "fake-timeslice.json"
+    assert list(json.loads(recorded.read_text()).values()) == ["Long"]
+    assert real.conn.unprepare([ref_of(claim)]) == {uid(11): ""}
+    assert json.loads(recorded.read_text()) == {}
