@@ -247,3 +247,20 @@ def test_default_falls_back_to_celpy_without_cel_expr_python(monkeypatch: pytest
     assert [entry["event"] for entry in logs] == ["cel_engine_fallback"]
     # an explicit request is honoured (and fails loudly later if the package really is missing)
     assert compile_selector('device.driver == "fallback"', engine="celexpr").engine == "celexpr"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_capacity_is_read_in_its_canonical_form(engine: str) -> None:
+    # the apiserver stores 1000m as "1": the scheduler sees an integer, a literal 1000m is not one
+    view = device_view(DRIVER, {"name": "d", "capacity": {"cores": {"value": "1000m"}}})
+    assert run(f'device.capacity["{DRIVER}"].cores.isInteger()', engine, view) is True
+    assert run('quantity("1000m").isInteger()', engine, view) is False
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_list_attributes_need_the_feature_gate(engine: str) -> None:
+    device = {"name": "d", "attributes": {"ids": {"ints": [1, 2]}, "n": {"int": 1}}}
+    with pytest.raises(CelRuntimeError, match=f"attribute {DRIVER}/ids: unsupported attribute value"):
+        run(f"{A}.n == 1", engine, device_view(DRIVER, device))
+    gated = device_view(DRIVER, device, list_type_attributes=True)
+    assert run(f"{A}.ids.includes(2)", engine, gated) is True

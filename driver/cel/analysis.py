@@ -84,6 +84,8 @@ class Analysis:
     uses_optional_syntax: bool
     uses_bind: bool
     literal_domains: frozenset[tuple[ReadKind, str]]
+    # offsets of indexOf()/lastIndexOf() calls whose receiver is statically a list (not a string)
+    list_index_calls: frozenset[int] = frozenset()
 
 
 # ---- type model ---------------------------------------------------------------------------------
@@ -102,6 +104,8 @@ DYN = T("dyn", MAX_STRING_SIZE)
 BOOL, INT, UINT, DOUBLE = T("bool", 1), T("int", 1), T("uint", 1), T("double", 1)
 STRING, BYTES, NULL = T("string"), T("bytes"), T("null", 1)
 QUANTITY, SEMVER = T("quantity", 1), T("semver", 1)
+# An attribute value: statically `any` in the scheduler's environment (list-type attributes off).
+ATTRIBUTE_VALUE = T("dyn", MAX_STRING_SIZE, domain="attribute-value")
 
 
 
@@ -135,6 +139,7 @@ class _Analyzer:
         self.optional_syntax = False
         self.uses_bind = False
         self.literal_domains: set[tuple[ReadKind, str]] = set()
+        self.list_index_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
 
     def column(self, offset: int) -> int:
@@ -262,7 +267,7 @@ class _Analyzer:
         if base.name in ("attrmap", "capmap"):
             kind = "attribute" if base.name == "attrmap" else "capacity"
             self.record(kind, base.domain or "*", name, offset=offset, guarded=guarded, facts=facts, node=node)
-            return QUANTITY if kind == "capacity" else DYN
+            return QUANTITY if kind == "capacity" else ATTRIBUTE_VALUE
         if base.name in ("map", "dyn"):
             return DYN
         if base.name == "optional":
@@ -399,7 +404,11 @@ class _Analyzer:
             return None
         assert n.target is not None
         range_t, rc = self.visit(n.target, scope, facts)
-        if range_t.name not in ("list", "map", "dyn", "attrs", "attrmap", "caps", "capmap", "device"):
+        if range_t.domain == "attribute-value":
+            # attribute values are typed google.protobuf.Any while DRAListTypeAttributes is off
+            self.issue(n.target.offset, "expression of type 'any' cannot be range of a comprehension (must be "
+                                        "list, map, or dynamic)")
+        elif range_t.name not in ("list", "map", "dyn", "attrs", "attrmap", "caps", "capmap", "device"):
             self.issue(n.target.offset, f"expression of type '{range_t.name}' cannot be the range of a "
                                         "comprehension (must be list, map, or dynamic)")
         size = min(range_t.size, _UNBOUNDED)
@@ -477,6 +486,8 @@ class _Analyzer:
             where = f"'{applied}'" if not member else f"'{shapes[0]}.({', '.join(shapes[1:])})'"
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to {where}")
             return DYN, cost + 1
+        if fn in ("indexOf", "lastIndexOf") and shapes[0] == "list":
+            self.list_index_calls.add(n.offset)
         results = {o[2] for o in matching}
         result = T(results.pop()) if len(results) == 1 else DYN
         if result.name == "list" and fn in ("split", "findAll") and target_t is not None:
@@ -648,4 +659,5 @@ def analyze(src: str, ast: Node) -> Analysis:
         uses_optional_syntax=a.optional_syntax,
         uses_bind=a.uses_bind,
         literal_domains=frozenset(a.literal_domains),
+        list_index_calls=frozenset(a.list_index_calls),
     )

@@ -26,6 +26,8 @@ class DeviceView:
     attributes: Mapping[str, Mapping[str, AttributeValue]]
     capacity: Mapping[str, Mapping[str, Quantity]]
     allow_multiple_allocations: bool = False
+    # Why the scheduler could not evaluate anything on this device ("" when it can); see device_view.
+    error: str = ""
     _cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -70,25 +72,34 @@ def _scalar(path: str, kind: str, value: Any) -> int | bool | str | Version:
     return value
 
 
-def device_view(driver: str, device: Mapping[str, Any]) -> DeviceView:
-    """Build the CEL input from a resource.k8s.io/v1 device dict (name, attributes, capacity, ...)."""
+def device_view(driver: str, device: Mapping[str, Any], *, list_type_attributes: bool = False) -> DeviceView:
+    """Build the CEL input from a resource.k8s.io/v1 device dict (name, attributes, capacity, ...).
+
+    List-valued attributes (ints/bools/strings/versions) exist only with the DRAListTypeAttributes
+    feature gate. Without it (the default, as in Kubernetes 1.36) the scheduler cannot convert such
+    a device and every selector fails on it; the view records that as `error`.
+    """
     attributes: dict[str, dict[str, AttributeValue]] = {}
+    error = ""
     for key, raw in (device.get("attributes") or {}).items():
         domain, name = split_name(driver, str(key))
-        attributes.setdefault(domain, {})[name] = _attribute_value(f"attributes[{key!r}]", raw)
+        value = _attribute_value(f"attributes[{key!r}]", raw)
+        if isinstance(value, list) and not list_type_attributes and not error:
+            error = f"attribute {domain}/{name}: unsupported attribute value"
+        attributes.setdefault(domain, {})[name] = value
     capacity: dict[str, dict[str, Quantity]] = {}
     for key, raw in (device.get("capacity") or {}).items():
         path = f"capacity[{key!r}].value"
-        value = raw.get("value") if isinstance(raw, Mapping) else None
-        if not isinstance(value, str | int):
+        text = raw.get("value") if isinstance(raw, Mapping) else None
+        if not isinstance(text, str | int):
             raise DeviceViewError(path, "must be a quantity string such as \"80Gi\"")
         try:
-            quantity = canonical_roundtrip(str(value))
+            quantity = canonical_roundtrip(str(text))
         except ValueError as e:
-            raise DeviceViewError(path, f"invalid quantity {value!r}: {e}") from e
+            raise DeviceViewError(path, f"invalid quantity {text!r}: {e}") from e
         domain, name = split_name(driver, str(key))
         capacity.setdefault(domain, {})[name] = quantity
     allow = device.get("allowMultipleAllocations")
     if allow is not None and not isinstance(allow, bool):
         raise DeviceViewError("allowMultipleAllocations", "must be a boolean")
-    return DeviceView(driver, attributes, capacity, bool(allow))
+    return DeviceView(driver, attributes, capacity, bool(allow), error)

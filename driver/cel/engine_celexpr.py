@@ -201,6 +201,9 @@ def _declarations() -> list[Any]:
             _ov("list_sets_equivalent_list", t.BOOL, [dyn_list, dyn_list], library.sets_equivalent)]),
         _go_equals_declaration(),
         _includes_declaration(),
+        _has_declaration(),
+        _list_search_declaration(LIST_INDEX_OF, library.list_index_of),
+        _list_search_declaration(LIST_LAST_INDEX_OF, library.list_last_index_of),
         cel.FunctionDecl("sets.intersects", [
             _ov("list_sets_intersects_list", t.BOOL, [dyn_list, dyn_list], library.sets_intersects)]),
     ]
@@ -212,6 +215,38 @@ GO_EQUALS = "tesseraGoEquals"
 def _go_equals(a: Any, b: Any) -> bool:
     """cel-go's a.Equal(b) where b is a scalar literal: Quantity/Semver receivers fail."""
     return library.go_equal(a, b)
+
+
+HAS = "tesseraHas"
+LIST_INDEX_OF = "tesseraListIndexOf"
+LIST_LAST_INDEX_OF = "tesseraListLastIndexOf"
+
+
+def _has(receiver: Any, field: str) -> bool:
+    """cel-go's has(x.f) on a value whose type is only known at run time: a map key test, else false."""
+    return isinstance(receiver, dict) and field in receiver
+
+
+def _has_declaration() -> Any:
+    t = cel.Type
+    receivers = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+                 "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT,
+                 "semver": _ST}
+    return cel.FunctionDecl(HAS, [
+        _ov(f"tessera_has_{name}", t.BOOL, [rtype, t.STRING], None if name == "semver" else _has)
+        for name, rtype in receivers.items()
+    ])
+
+
+def _list_search_declaration(name: str, impl: Callable[..., Any]) -> Any:
+    """list.indexOf(x) for every element kind (dyn-typed parameters do not dispatch at run time)."""
+    t = cel.Type
+    elements = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+                "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT, "semver": _ST}
+    return cel.FunctionDecl(name, [
+        _ov(f"{name}_{elem}", t.INT, [t.List(t.DYN), etype], None if elem == "semver" else impl, True)
+        for elem, etype in elements.items()
+    ])
 
 
 def _kind(type_name: str) -> str:
@@ -304,8 +339,17 @@ def _is_device_map(n: Node) -> bool:
             and getattr(n.operand, "name", None) == "device")
 
 
-def rewrite_for_celexpr(ast: Node) -> Node:
-    """Bridge the two places where cel-cpp and Kubernetes differ (module docstring)."""
+def _is_domain_lookup(n: Node) -> bool:
+    """device.attributes[D] / device.capacity.D: always a map, so has() on it stays native."""
+    return isinstance(n, Select | Index) and _is_device_map(n.operand)
+
+
+def rewrite_for_celexpr(ast: Node, list_index_calls: frozenset[int] = frozenset()) -> Node:
+    """Bridge the places where cel-cpp and Kubernetes differ (module docstring).
+
+    `list_index_calls` are the offsets of indexOf()/lastIndexOf() calls on lists (from the
+    analysis): cel-cpp's strings extension owns those names, so the list forms get their own.
+    """
     def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
         # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
         # the checker from typing the result as the literal's map(T, U)
@@ -320,6 +364,9 @@ def rewrite_for_celexpr(ast: Node) -> Node:
             if n.optional:
                 return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
             return empty_domain(n.operand, key, n.offset)
+        if isinstance(n, Select) and n.test_only and not _is_domain_lookup(n.operand):
+            # has() on an attribute value: cel-go answers false for a non-map, cel-cpp errors
+            return Call(n.offset, HAS, (visit(n.operand), Literal(n.offset, "string", n.field)))
         if isinstance(n, Index) and _is_device_map(n.operand):
             key = visit(n.index)
             if n.optional:
@@ -331,6 +378,10 @@ def rewrite_for_celexpr(ast: Node) -> Node:
             left, right = visit(n.args[0]), n.args[1]
             equal = Call(n.offset, GO_EQUALS, (left, right))
             return equal if n.function == "_==_" else Call(n.offset, "!_", (equal,))
+        if isinstance(n, Call) and n.target is not None and n.offset in list_index_calls and n.function in (
+                "indexOf", "lastIndexOf"):
+            name = LIST_INDEX_OF if n.function == "indexOf" else LIST_LAST_INDEX_OF
+            return Call(n.offset, name, tuple(visit(a) for a in n.args), visit(n.target))
         if isinstance(n, Call) and n.function in _RELATIONAL and n.target is None:
             left, right = (visit(a) for a in n.args)
             return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
@@ -340,6 +391,8 @@ def rewrite_for_celexpr(ast: Node) -> Node:
 
 
 _ERROR_RE = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
+# handled by the rewrite (list_index_calls); the analysis already checked the overload
+_LIST_INDEX = re.compile(r"found no matching overload for '(indexOf|lastIndexOf)' applied to '\(list")
 _RECURSION = re.compile(r"recursion limit exceeded|max recursion depth", re.IGNORECASE)
 _MIXED_NUMERIC = re.compile(r"found no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), "
                             r"(int|uint|double)\)'")
@@ -422,7 +475,8 @@ class CelExprEngine:
             try:
                 env.compile(expression)
             except RuntimeError as e:
-                real = [err for err in _compile_errors(e) if not _MIXED_NUMERIC.search(err[2])]
+                real = [err for err in _compile_errors(e)
+                        if not _MIXED_NUMERIC.search(err[2]) and not _LIST_INDEX.search(err[2])]
                 if any(_RECURSION.search(err[2]) for err in real):
                     # redundant parentheses count towards cel-cpp's nesting limit of 32; the
                     # rewritten text below has only the ones precedence needs
@@ -430,7 +484,7 @@ class CelExprEngine:
                 if real:
                     line, column, message = real[0]
                     raise CelCompileError(expression, column, message, line=line) from None
-        rewritten = unparse(rewrite_for_celexpr(expanded))
+        rewritten = unparse(rewrite_for_celexpr(expanded, analysis.list_index_calls))
         try:
             compiled = env.compile(rewritten)
         except RuntimeError as e:

@@ -39,6 +39,8 @@ class CompiledSelector:
 
     def evaluate(self, device: DeviceView) -> bool:
         """True/False for this device; CelRuntimeError when the scheduler would get an error."""
+        if device.error:
+            raise CelRuntimeError(device.error)
         result = self._program.evaluate(device)
         if not isinstance(result, bool):
             raise CelRuntimeError(f"CEL result of type {_cel_type_name(result)} could not be converted to bool")
