@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 from controller.admission import AdmissionHandler
 from controller.context import CheckContext
@@ -38,12 +39,12 @@ def inventory(nodes: int) -> DeviceIndex:
     return DeviceIndex.from_slices(slices)
 
 
-def _renamed(slice_: dict, node: str) -> dict:
+def _renamed(slice_: dict[str, Any], node: str) -> dict[str, Any]:
     spec = dict(slice_["spec"], nodeName=node, pool=dict(slice_["spec"]["pool"], name=node))
     return {"metadata": {"name": f"{node}-{id(slice_)}"}, "spec": spec}
 
 
-def review(kind: str, obj: dict) -> dict:
+def review(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "u", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
                         "operation": "CREATE", "object": obj}}
