@@ -7,6 +7,7 @@ selectors first, exactly as the scheduler filters (class, then request, then cap
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,15 @@ class ClaimReport:
 def targets_tessera(ctx: CheckContext, class_name: str) -> bool:
     cls = ctx.classes.get(class_name)
     return is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
+
+
+def _near_tessera_class(ctx: CheckContext, class_name: str) -> str | None:
+    """For a class that does not exist, the closest existing tessera class name (a typo, most likely)."""
+    if not ctx.classes_complete or class_name in ctx.classes:
+        return None
+    ours = [n for n, c in ctx.classes.items() if class_targets_tessera(dict(c)) and n != class_name]
+    matches = difflib.get_close_matches(class_name, ours, n=1, cutoff=0.8)
+    return matches[0] if matches else None
 
 
 def request_names(spec: Obj) -> list[str]:
@@ -102,16 +112,28 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext) -> ClaimReport:
 def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding]) -> RequestReport | None:
     class_name = str(body.get("deviceClassName", ""))
     if not targets_tessera(ctx, class_name):
+        near = _near_tessera_class(ctx, class_name)
+        if near is not None:
+            findings.append(
+                warning(
+                    f"{path}.deviceClassName",
+                    f'DeviceClass "{class_name}" does not exist; did you mean "{near}"? Pods using this claim stay '
+                    "Pending until the class exists",
+                )
+            )
         return None
     cls = ctx.classes.get(class_name)
     class_conds: list[Condition] = []
     if cls is not None:
         _, class_conds = class_conditions(dict(cls))
     elif ctx.classes_complete:
+        near = _near_tessera_class(ctx, class_name)
+        suggestion = f'did you mean "{near}"? ' if near else ""
         findings.append(
             warning(
                 f"{path}.deviceClassName",
-                f'DeviceClass "{class_name}" does not exist; pods using this claim stay Pending until it is created',
+                f'DeviceClass "{class_name}" does not exist; {suggestion}pods using this claim stay Pending until '
+                "it is created",
             )
         )
     elif ctx.inventory is not None:

@@ -257,6 +257,16 @@ def test_unknown_tessera_class_warns_when_the_class_list_is_complete():
     assert findings(claim(exactly(cls="typo.gpu.tessera.dev")), ctx(complete=False)) == ()
 
 
+def test_misspelt_class_name_gets_a_suggestion():
+    f = only(claim(exactly(cls="gpu.tesera.dev")))
+    assert f.path == "spec.devices.requests[0].exactly.deviceClassName"
+    assert f.message == ('DeviceClass "gpu.tesera.dev" does not exist; did you mean "gpu.tessera.dev"? Pods using '
+                         "this claim stay Pending until the class exists")
+    f = only(claim(exactly(cls="mgi.gpu.tessera.dev")))
+    assert 'does not exist; did you mean "mig.gpu.tessera.dev"? pods using' in f.message
+    assert findings(claim(exactly(cls="gpu.tesera.dev")), ctx(complete=False)) == ()
+
+
 def test_requests_for_other_drivers_are_not_checked():
     spec = claim(exactly(cls="nic.example.com", capacity={"requests": {"gpu.tessera.dev/memory": "1"}}))
     assert findings(spec) == ()
