@@ -224,4 +224,19 @@ def test_kubeconfig_reads_slices_and_classes_from_the_cluster(tmp_path, monkeypa
     rc, out, _ = run([claims], kubeconfig="ignored")
     assert rc == 0
     assert "  request g: matches 4 of 4 devices on 1 node (node-k: 4)" in out
-    assert 'DeviceClass "typo.gpu.tessera.dev" does not exist; pods using this claim stay Pending' in out
+    assert 'DeviceClass "typo.gpu.tessera.dev" does not exist; did you mean "gpu.tessera.dev"? pods using' in out
+
+
+def test_documents_that_are_not_objects_are_errors(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- just\n- a list\n")
+    rc, out, _ = run([path])
+    assert rc == 1
+    assert "error: : this document is not a Kubernetes object (a mapping)" in out
+
+
+def test_claim_without_a_spec_object_is_an_error(tmp_path):
+    bad = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": []}
+    rc, out, _ = run([write(tmp_path, "c.yaml", bad)])
+    assert rc == 1
+    assert "error: spec: must be an object (a ResourceClaimSpec)" in out

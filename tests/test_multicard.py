@@ -263,3 +263,24 @@ def test_fmt_bytes():
     assert fmt_bytes(4 << 30) == "4Gi"
     assert fmt_bytes(1536 << 20) == "1536Mi"
     assert fmt_bytes(1000) == "1000"
+
+
+def test_total_that_is_not_whole_bytes_is_rejected():
+    [finding] = rewrite_claim_spec(spec_with(2, "0.5"), "spec", ours).findings
+    assert finding.path == "spec.devices.config[0].opaque.parameters.sharing.totalMemory"
+    assert finding.message == "0.5 is not a whole number of bytes; write it like 16Gi"
+
+
+def test_subrequest_with_total_and_its_own_capacity_is_rejected():
+    spec = first_available_spec(1, ["accel/big"])
+    spec["devices"]["requests"][0]["firstAvailable"][0]["capacity"] = {"requests": {"memory": "4Gi"}}
+    [finding] = rewrite_claim_spec(spec, "spec", ours).findings
+    assert finding.path == "spec.devices.requests[0].firstAvailable[0].capacity.requests"
+
+
+def test_island_on_a_multi_device_subrequest_constrains_that_subrequest():
+    spec = first_available_spec(2, ["accel/big"])
+    spec["devices"]["config"][0]["opaque"]["parameters"]["sharing"] = {"sameNVLinkIsland": True}
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert result.spec["devices"]["constraints"] == [
+        {"requests": ["accel/big"], "matchAttribute": "gpu.tessera.dev/nvlinkIsland"}]

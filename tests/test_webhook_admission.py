@@ -242,3 +242,19 @@ def test_malformed_reviews_are_refused(handler, body):
 def test_unknown_endpoint_is_refused(handler):
     with pytest.raises(ReviewError, match="unknown endpoint"):
         handler.review("/validate-pod", review(GPU_CLASS))
+
+
+def test_objects_of_other_groups_are_allowed_with_a_warning(handler):
+    request = review(GPU_CLASS)
+    request["request"]["kind"]["group"] = "example.com"
+    body, _ = handler.review("/validate-deviceclass", request)
+    assert body["response"]["allowed"] is True
+    assert body["response"]["warnings"] == ["tessera does not check DeviceClass objects of group example.com"]
+
+
+def test_template_without_a_spec_is_denied_with_the_path(handler):
+    obj = claim({}, kind="ResourceClaimTemplate")
+    obj["spec"] = {"spec": "not an object"}
+    body, _ = handler.review("/validate-resourceclaim", review(obj))
+    assert body["response"]["allowed"] is False
+    assert "spec.spec: must be an object" in body["response"]["status"]["message"]

@@ -94,3 +94,14 @@ def test_controller_refuses_to_start_with_a_clear_error(tmp_path, args, message)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in (1, 2)
     assert message in err
+
+
+def test_controller_with_an_unreadable_kubeconfig_exits_1(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tessera", "--log-format", "json", "controller", "--kubeconfig",
+         str(tmp_path / "missing"), "--tls-cert", "x", "--tls-key", "y"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "cannot load the Kubernetes client configuration" in err
