@@ -60,6 +60,7 @@ class PluginConfig:
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = Path("/var/lib/tessera")
     cdi_driver_root: Path | None = None
+    cdi_host_driver_root: str | None = None  # the driver root's path on the host, when it differs
     simulate: str | None = None
     nvml: bool = False
     mig_strategy: str = "static"
@@ -86,6 +87,13 @@ class PluginConfig:
         for flag, path in (("--cdi-dir", self.cdi_dir), ("--state-dir", self.state_dir)):
             if not path.is_absolute():
                 raise PluginConfigError(f"{flag} must be an absolute path, got {str(path)!r}")
+        if self.cdi_host_driver_root is not None:
+            if self.cdi_driver_root is None:
+                raise PluginConfigError("--cdi-host-driver-root needs --cdi-driver-root (where this process sees it)")
+            if not self.cdi_host_driver_root.startswith("/"):
+                raise PluginConfigError(
+                    f"--cdi-host-driver-root must be an absolute host path, got {self.cdi_host_driver_root!r}"
+                )
         try:
             self.socket_paths.validate()
         except SocketError as exc:
@@ -236,7 +244,11 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     from kubeletplugin.state import DeviceState
     from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, RecordingTimeSlicer, TimeSlicer
 
-    driver_root = discover_driver_root(config.cdi_driver_root) if config.cdi_driver_root else None
+    driver_root = (
+        discover_driver_root(config.cdi_driver_root, host_root=config.cdi_host_driver_root)
+        if config.cdi_driver_root
+        else None
+    )
     mps: MpsControl
     mig: MigManager
     timeslicer: TimeSlicer

@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the host's NVIDIA driver root as this process sees it, mounted into containers through CDI",
     )
     parser.add_argument(
+        "--cdi-host-driver-root", default=None, metavar="DIR",
+        help="the same driver root as the host sees it, written into CDI specs "
+        "(default: --cdi-driver-root; set it when the host's / is mounted elsewhere, e.g. /driver-root)",
+    )
+    parser.add_argument(
         "--mig-strategy", choices=["none", "static", "dynamic"], default="static",
         help="publish existing MIG instances (static), creatable ones (dynamic) or none (default: %(default)s)",
     )
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             cdi_dir=args.cdi_dir.absolute(),
             state_dir=args.state_dir.absolute(),
             cdi_driver_root=args.cdi_driver_root.absolute() if args.cdi_driver_root else None,
+            cdi_host_driver_root=args.cdi_host_driver_root,
             simulate=args.simulate,
             nvml=args.nvml,
             mig_strategy=args.mig_strategy,

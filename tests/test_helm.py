@@ -220,15 +220,18 @@ def test_nvml_plugin_is_privileged_and_mounts_devices_and_driver_root_read_only(
     driver_mount = next(m for m in container(ds)["volumeMounts"] if m["mountPath"] == "/run/nvidia/driver")
     assert driver_mount["mountPropagation"] == "HostToContainer"
     assert "--cdi-driver-root=/run/nvidia/driver" in container(ds)["args"]
+    assert "--cdi-host-driver-root=/run/nvidia/driver" in container(ds)["args"]
     env = {e["name"]: e.get("value") for e in container(ds)["env"]}
     assert env["LD_LIBRARY_PATH"].startswith("/run/nvidia/driver/usr/lib/x86_64-linux-gnu:")
 
 
-def test_host_installed_driver_root_serves_nvml_and_mps_but_is_not_put_into_cdi_specs(tools):
+def test_host_installed_driver_root_is_read_at_driver_root_and_named_by_host_paths_in_cdi_specs(tools):
     ds = one(render(tools), "DaemonSet")
     assert host_mounts(ds)["/"] == ("/driver-root", True)
-    # CDI specs would name /driver-root/... paths that do not exist on the host.
-    assert not [a for a in container(ds)["args"] if a.startswith("--cdi-driver-root")]
+    args = container(ds)["args"]
+    # Read under /driver-root, but CDI specs must name the host's own paths (/usr/lib/...).
+    assert "--cdi-driver-root=/driver-root" in args
+    assert "--cdi-host-driver-root=/" in args
     env = {e["name"]: e.get("value") for e in container(ds)["env"]}
     assert env["LD_LIBRARY_PATH"].startswith("/driver-root/usr/lib/x86_64-linux-gnu:")
     path = env["PATH"].split(":")

@@ -581,6 +581,26 @@ def test_config_rejects_what_cannot_work(root: Path) -> None:
         make_config(root, mig_strategy="auto")
     with pytest.raises(PluginConfigError, match="--cdi-dir must be an absolute path"):
         make_config(root, cdi_dir=Path("cdi"))
+    with pytest.raises(PluginConfigError, match="--cdi-host-driver-root needs --cdi-driver-root"):
+        make_config(root, cdi_host_driver_root="/")
+    with pytest.raises(PluginConfigError, match="--cdi-host-driver-root must be an absolute host path"):
+        make_config(root, cdi_driver_root=root, cdi_host_driver_root="usr")
+
+
+def test_cdi_specs_name_the_host_path_of_a_driver_root_mounted_elsewhere(root: Path) -> None:
+    from kubeletplugin.plugin import build_device_state
+
+    driver_root = root / "driver-root"
+    lib = driver_root / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.550.54.15").write_bytes(b"")
+    config = make_config(root, cdi_driver_root=driver_root, cdi_host_driver_root="/")
+    from driver.discovery import load_inventory
+
+    state = build_device_state(config, load_inventory("node-a", simulate="t4-4"))
+    assert state.driver_root is not None
+    sources = [m.host_path for m in state.driver_root.container_edits().mounts]
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in sources
 
 
 # -- health board, health file and metrics endpoint edge cases ---------------------------------------
