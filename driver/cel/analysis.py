@@ -86,6 +86,11 @@ class Analysis:
     literal_domains: frozenset[tuple[ReadKind, str]]
     # offsets of indexOf()/lastIndexOf() calls whose receiver is statically a list (not a string)
     list_index_calls: frozenset[int] = frozenset()
+    # offsets of ==/!= whose left operand's type is only known at run time (see engine_celexpr)
+    dynamic_equality_calls: frozenset[int] = frozenset()
+    # offsets of `x in [literals...]` where x may be a Semver: cel-go looks such lists up in a hash
+    # set, and a Semver cannot be hashed (a run-time error in Kubernetes)
+    constant_membership_calls: frozenset[int] = frozenset()
 
 
 # ---- type model ---------------------------------------------------------------------------------
@@ -118,6 +123,12 @@ def _type_of_device_shape(t: T) -> str:
     return {"device": "map", "attrs": "map", "attrmap": "map", "caps": "map", "capmap": "map"}.get(t.name, t.name)
 
 
+def _literal_element_type(t: T) -> str:
+    """The type a list/map literal element has for the homogeneity check: attribute values are `any`,
+    which (unlike dyn) does not mix with concrete types."""
+    return "any" if t.domain == "attribute-value" else _type_of_device_shape(t)
+
+
 @dataclass
 class _Scope:
     """Names bound by macros and cel.bind, with what they stand for."""
@@ -140,6 +151,8 @@ class _Analyzer:
         self.uses_bind = False
         self.literal_domains: set[tuple[ReadKind, str]] = set()
         self.list_index_calls: set[int] = set()
+        self.dynamic_equality_calls: set[int] = set()
+        self.constant_membership_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
 
     def column(self, offset: int) -> int:
@@ -286,12 +299,13 @@ class _Analyzer:
                 self.optional_syntax = True
             t, c = self.visit(e, scope, facts)
             cost += c
-            elem_types.add("optional-elem" if (n.optional and n.optional[i]) else _type_of_device_shape(t))
+            elem_types.add("optional-elem" if (n.optional and n.optional[i]) else _literal_element_type(t))
         concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
         if len(concrete) > 1:
             self.issue(n.offset, f"expected type '{sorted(concrete)[0]}' but found '{sorted(concrete)[1]}': "
                                  "list literals must be homogeneous")
         elem = concrete.pop() if len(concrete) == 1 and "dyn" not in elem_types else "dyn"
+        elem = "dyn" if elem == "any" else elem
         return T("list", len(n.elements), elem=elem), cost
 
     def visit_map(self, n: MapLit, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
@@ -304,8 +318,8 @@ class _Analyzer:
             kt, kc = self.visit(e.key, scope, facts)
             vt, vc = self.visit(e.value, scope, facts)
             cost += kc + vc
-            key_types.add(_type_of_device_shape(kt))
-            value_types.add(_type_of_device_shape(vt))
+            key_types.add(_literal_element_type(kt))
+            value_types.add(_literal_element_type(vt))
         for kinds, what in ((key_types, "keys"), (value_types, "values")):
             concrete = sorted(t for t in kinds if t not in ("dyn", "optional"))
             if len(concrete) > 1:
@@ -352,6 +366,10 @@ class _Analyzer:
             self.check_regex(n)
         if fn == "@in" and len(n.args) == 2:
             self.record_membership_test(n, scope, facts)
+            container = n.args[1]
+            if isinstance(container, ListLit) and all(isinstance(e, Literal) for e in container.elements) and (
+                    _type_of_device_shape(arg_types[0]) in ("dyn", "semver")):
+                self.constant_membership_calls.add(n.offset)
         return self.resolve(n, target_t, arg_types, cost)
 
     def record_membership_test(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> None:
@@ -523,6 +541,10 @@ class _Analyzer:
         bad = False
         if fn in ("_==_", "_!=_"):
             bad = len(known) == 2 and known[0] != known[1] and "null" not in known
+            # a Quantity on the left is compared by Go's Quantity.Equal, which rejects an add()/sub() result
+            message_left = shapes[0] == "quantity" or (shapes[0] == "semver" and shapes[1] == "dyn")
+            if shapes[1] != "null" and (shapes[0] == "dyn" or message_left):
+                self.dynamic_equality_calls.add(n.offset)
             if not bad and all(s in ("string", "bytes", "dyn") for s in shapes) and set(shapes) != {"dyn"}:
                 return BOOL, cost + math.ceil(min(t.size for t in arg_types) * 0.1)
         elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
@@ -541,6 +563,12 @@ class _Analyzer:
             bad = bool(known) and known[0] not in ("int", "double", "duration")
         elif fn == "@in":
             bad = len(shapes) == 2 and shapes[1] not in ("list", "map", "dyn")
+            element = arg_types[1].elem if shapes[1] == "list" else "dyn"
+            left = _literal_element_type(arg_types[0])
+            if not bad and element not in ("dyn", left) and left not in ("dyn", "any"):
+                # `in` has no cross-type overloads: 0 in ["a"] does not compile
+                self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
+                return DYN, cost + 1
         if bad:
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({', '.join(shapes)})'")
             return DYN, cost + 1
@@ -660,4 +688,6 @@ def analyze(src: str, ast: Node) -> Analysis:
         uses_bind=a.uses_bind,
         literal_domains=frozenset(a.literal_domains),
         list_index_calls=frozenset(a.list_index_calls),
+        dynamic_equality_calls=frozenset(a.dynamic_equality_calls),
+        constant_membership_calls=frozenset(a.constant_membership_calls),
     )

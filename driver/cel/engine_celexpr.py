@@ -165,11 +165,11 @@ def _declarations() -> list[Any]:
         cel.FunctionDecl("isInteger", [
             _ov("quantity_is_integer", t.BOOL, [_QT], lambda q: q.as_int64() is not None, True)]),
         cel.FunctionDecl("add", [
-            _ov("quantity_add", _QT, [_QT, _QT], Quantity.add, True),
-            _ov("quantity_add_int", _QT, [_QT, t.INT], library.quantity_add_int, True)]),
+            _ov("quantity_add", _QT, [_QT, _QT], library.quantity_add, True),
+            _ov("quantity_add_int", _QT, [_QT, t.INT], library.quantity_add, True)]),
         cel.FunctionDecl("sub", [
-            _ov("quantity_sub", _QT, [_QT, _QT], Quantity.sub, True),
-            _ov("quantity_sub_int", _QT, [_QT, t.INT], library.quantity_sub_int, True)]),
+            _ov("quantity_sub", _QT, [_QT, _QT], library.quantity_sub, True),
+            _ov("quantity_sub_int", _QT, [_QT, t.INT], library.quantity_sub, True)]),
         cel.FunctionDecl("semver", [
             _ov("string_to_semver", _ST, [t.STRING], library.semver_from_string),
             _ov("string_bool_to_semver", _ST, [t.STRING, t.BOOL], library.semver_from_string)]),
@@ -199,7 +199,9 @@ def _declarations() -> list[Any]:
             _ov("list_sets_contains_list", t.BOOL, [dyn_list, dyn_list], library.sets_contains)]),
         cel.FunctionDecl("sets.equivalent", [
             _ov("list_sets_equivalent_list", t.BOOL, [dyn_list, dyn_list], library.sets_equivalent)]),
-        _go_equals_declaration(),
+        _go_equality_declaration(GO_EQUALS, _go_equals),
+        _go_equality_declaration(GO_NOT_EQUALS, _go_not_equals),
+        _in_constant_list_declaration(),
         _includes_declaration(),
         _has_declaration(),
         _list_search_declaration(LIST_INDEX_OF, library.list_index_of),
@@ -210,11 +212,21 @@ def _declarations() -> list[Any]:
 
 
 GO_EQUALS = "tesseraGoEquals"
+GO_NOT_EQUALS = "tesseraGoNotEquals"
+IN_CONSTANT_LIST = "tesseraInConstantList"
 
 
 def _go_equals(a: Any, b: Any) -> bool:
-    """cel-go's a.Equal(b) where b is a scalar literal: Quantity/Semver receivers fail."""
+    """cel-go's `a == b`: a.Equal(b), where a Quantity/Semver receiver fails on another type."""
     return library.go_equal(a, b)
+
+
+def _go_not_equals(a: Any, b: Any) -> bool:
+    """cel-go's `a != b`: true unless a.Equal(b) is true, so a failing Equal gives true."""
+    try:
+        return not library.go_equal(a, b)
+    except TypeError:
+        return True
 
 
 HAS = "tesseraHas"
@@ -249,6 +261,17 @@ def _list_search_declaration(name: str, impl: Callable[..., Any]) -> Any:
     ])
 
 
+def _in_constant_list_declaration() -> Any:
+    t = cel.Type
+    kinds = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+             "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT, "semver": _ST}
+    return cel.FunctionDecl(IN_CONSTANT_LIST, [
+        _ov(f"{IN_CONSTANT_LIST}_{name}", t.BOOL, [ktype, t.List(t.DYN)],
+            None if name == "semver" else library.in_constant_list)
+        for name, ktype in kinds.items()
+    ])
+
+
 def _kind(type_name: str) -> str:
     return "message" if type_name in ("quantity", "semver") else type_name
 
@@ -259,7 +282,7 @@ def _includes_declaration() -> Any:
     receivers = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
                  "list": t.List(t.DYN), "quantity": _QT, "semver": _ST}
     arguments = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
-                 "quantity": _QT, "semver": _ST}
+                 "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT, "semver": _ST}
     overloads = []
     implemented: set[tuple[str, str]] = set()
     for rname, rtype in receivers.items():
@@ -273,23 +296,25 @@ def _includes_declaration() -> Any:
     return cel.FunctionDecl("includes", overloads)
 
 
-def _go_equals_declaration() -> Any:
-    """Overloads of tesseraGoEquals(value, literal) for every receiver kind a dyn value can have.
+def _go_equality_declaration(name: str, impl_fn: Callable[[Any, Any], bool]) -> Any:
+    """Overloads of name(left, right) for every pair of value kinds.
 
-    cel-cpp dispatches on argument kinds, so each kind needs its own overload; the two message
-    types share one implementation (on the Quantity overload) that dispatches in Python.
+    cel-cpp dispatches on argument kinds, so each pair needs its own overload, and it registers one
+    implementation per kind signature: the two message types share the kind "message".
     """
     t = cel.Type
-    receivers = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
-                 "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT,
-                 "semver": _ST}
-    literals = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL}
+    kinds = {"string": t.STRING, "int": t.INT, "uint": t.UINT, "double": t.DOUBLE, "bool": t.BOOL,
+             "bytes": t.BYTES, "list": t.List(t.DYN), "map": t.Map(t.DYN, t.DYN), "quantity": _QT,
+             "semver": _ST}
     overloads = []
-    for rname, rtype in receivers.items():
-        for lname, ltype in literals.items():
-            impl = None if rname == "semver" else _go_equals
-            overloads.append(_ov(f"tessera_go_equals_{rname}_{lname}", t.BOOL, [rtype, ltype], impl))
-    return cel.FunctionDecl(GO_EQUALS, overloads)
+    implemented: set[tuple[str, str]] = set()
+    for lname, ltype in kinds.items():
+        for rname, rtype in kinds.items():
+            signature = (_kind(lname), _kind(rname))
+            impl = None if signature in implemented else impl_fn
+            implemented.add(signature)
+            overloads.append(_ov(f"{name}_{lname}_{rname}", t.BOOL, [ltype, rtype], impl))
+    return cel.FunctionDecl(name, overloads)
 
 
 def _list_sum(items: list[Any]) -> Any:
@@ -320,20 +345,6 @@ def _env() -> Any:
 
 
 _RELATIONAL = frozenset({"_<_", "_<=_", "_>_", "_>=_"})
-_LITERAL_KINDS = frozenset({"string", "int", "uint", "double", "bool"})
-
-
-def _dynamic_vs_literal(n: Call) -> bool:
-    """`<attribute value> == <scalar literal>`: the left side's runtime type is only known at run time."""
-    left, right = n.args
-    if not (isinstance(right, Literal) and right.kind in _LITERAL_KINDS):
-        return False
-    if isinstance(left, Select):
-        # device.driver and device.allowMultipleAllocations have static types
-        return not (left.test_only or left.optional or getattr(left.operand, "name", None) == "device")
-    return isinstance(left, Index) and not left.optional
-
-
 def _is_device_map(n: Node) -> bool:
     return (isinstance(n, Select) and not n.optional and not n.test_only and n.field in ("attributes", "capacity")
             and getattr(n.operand, "name", None) == "device")
@@ -344,12 +355,16 @@ def _is_domain_lookup(n: Node) -> bool:
     return isinstance(n, Select | Index) and _is_device_map(n.operand)
 
 
-def rewrite_for_celexpr(ast: Node, list_index_calls: frozenset[int] = frozenset()) -> Node:
+def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
     """Bridge the places where cel-cpp and Kubernetes differ (module docstring).
 
-    `list_index_calls` are the offsets of indexOf()/lastIndexOf() calls on lists (from the
-    analysis): cel-cpp's strings extension owns those names, so the list forms get their own.
+    The analysis names the calls that need cel-go's semantics by offset: indexOf()/lastIndexOf()
+    on lists (cel-cpp's strings extension owns those names), ==/!= with a left side whose type is
+    only known at run time, and membership in a constant list.
     """
+    list_index_calls = analysis.list_index_calls if analysis else frozenset()
+    dynamic_equality_calls = analysis.dynamic_equality_calls if analysis else frozenset()
+    constant_membership_calls = analysis.constant_membership_calls if analysis else frozenset()
     def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
         # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
         # the checker from typing the result as the literal's map(T, U)
@@ -372,16 +387,18 @@ def rewrite_for_celexpr(ast: Node, list_index_calls: frozenset[int] = frozenset(
             if n.optional:
                 return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
             return empty_domain(n.operand, key, n.offset)
-        if isinstance(n, Call) and n.function in ("_==_", "_!=_") and n.target is None and _dynamic_vs_literal(n):
+        if isinstance(n, Call) and n.function in ("_==_", "_!=_") and n.target is None and (
+                n.offset in dynamic_equality_calls):
             # cel-go calls left.Equal(right): a Semver or Quantity on the left errors for any other
             # type; cel-cpp's heterogeneous equality would say false
-            left, right = visit(n.args[0]), n.args[1]
-            equal = Call(n.offset, GO_EQUALS, (left, right))
-            return equal if n.function == "_==_" else Call(n.offset, "!_", (equal,))
+            left, right = visit(n.args[0]), visit(n.args[1])
+            return Call(n.offset, GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS, (left, right))
         if isinstance(n, Call) and n.target is not None and n.offset in list_index_calls and n.function in (
                 "indexOf", "lastIndexOf"):
             name = LIST_INDEX_OF if n.function == "indexOf" else LIST_LAST_INDEX_OF
             return Call(n.offset, name, tuple(visit(a) for a in n.args), visit(n.target))
+        if isinstance(n, Call) and n.function == "@in" and n.offset in constant_membership_calls:
+            return Call(n.offset, IN_CONSTANT_LIST, (visit(n.args[0]), n.args[1]))
         if isinstance(n, Call) and n.function in _RELATIONAL and n.target is None:
             left, right = (visit(a) for a in n.args)
             return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
@@ -484,7 +501,7 @@ class CelExprEngine:
                 if real:
                     line, column, message = real[0]
                     raise CelCompileError(expression, column, message, line=line) from None
-        rewritten = unparse(rewrite_for_celexpr(expanded, analysis.list_index_calls))
+        rewritten = unparse(rewrite_for_celexpr(expanded, analysis))
         try:
             compiled = env.compile(rewritten)
         except RuntimeError as e:

@@ -2,8 +2,8 @@
 
 celpy has no type checker (tessera's own analysis supplies the static checks), no optional
 syntax, no `cel.bind` and no strings extension. This adapter:
-- rewrites `cel.bind(v, init, body)` into the equivalent `[init].map(v, body)[0]` (cel-go also
-  evaluates the initializer eagerly, once),
+- expands `cel.bind(v, init, body)` by substituting init for v (CEL is pure; cel-go evaluates
+  init once, here it may be evaluated several times, with the same result),
 - maps `strings.quote`, `sets.*` and `lists.range` to plain functions,
 - supplies the Kubernetes quantity/semver/regex/lists libraries and the strings extension,
 - reproduces Go's equality rules (Quantity/Semver `==` is "no such overload" unless the right
@@ -38,23 +38,11 @@ from driver.cel.printer import unparse
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
-from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select, map_children
+from driver.cel.syntax import Call, Ident, Index, ListLit, Node, Select, map_children
 
 _QUALIFIED = {"strings.quote": "strings_quote", "sets.contains": "sets_contains",
               "sets.equivalent": "sets_equivalent", "sets.intersects": "sets_intersects", "lists.range": "lists_range"}
 _UNSUPPORTED_MACROS = {"existsOne", "transformList", "transformMap", "transformMapEntry", "sortBy"}
-
-
-class ComputedQuantity(Quantity):
-    """The result of add()/sub(): a Go *Quantity, which Quantity.Equal never accepts as its argument."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, q: Quantity) -> ComputedQuantity:
-        out = cls.__new__(cls)
-        out._int, out._dec, out.format, out._s = q._int, q._dec, q.format, ""
-        return out
 
 
 class DomainMap(celtypes.MapType):
@@ -127,18 +115,6 @@ def _int64(v: int) -> int:
     return v
 
 
-def _q_add(q: Quantity, other: Quantity | int) -> Quantity:
-    if isinstance(other, Quantity):
-        return ComputedQuantity.of(q.add(other))
-    return ComputedQuantity.of(library.quantity_add_int(q, other))
-
-
-def _q_sub(q: Quantity, other: Quantity | int) -> Quantity:
-    if isinstance(other, Quantity):
-        return ComputedQuantity.of(q.sub(other))
-    return ComputedQuantity.of(library.quantity_sub_int(q, other))
-
-
 def _go_equal(a: Any, b: Any) -> Any:
     """cel-go's lhs.Equal(rhs) for the Kubernetes types, celpy's equality otherwise."""
     if isinstance(a, CELEvalError):
@@ -146,7 +122,7 @@ def _go_equal(a: Any, b: Any) -> Any:
     if isinstance(b, CELEvalError):
         return b
     if isinstance(a, Quantity):
-        if not isinstance(b, Quantity) or isinstance(b, ComputedQuantity):
+        if not isinstance(b, Quantity) or isinstance(b, library.ComputedQuantity):
             return CELEvalError("no such overload", TypeError, ())
         return celtypes.BoolType(a.cmp(b) == 0)
     if isinstance(a, Version):
@@ -165,8 +141,26 @@ def _go_equal(a: Any, b: Any) -> Any:
 
 
 def _go_not_equal(a: Any, b: Any) -> Any:
+    """cel-go's `a != b`: operand errors propagate, but a failing a.Equal(b) makes it true."""
+    if isinstance(a, CELEvalError):
+        return a
+    if isinstance(b, CELEvalError):
+        return b
     eq = _go_equal(a, b)
-    return eq if isinstance(eq, CELEvalError) else celtypes.BoolType(not eq)
+    return celtypes.BoolType(True) if isinstance(eq, CELEvalError) else celtypes.BoolType(not eq)
+
+
+def _go_in(item: Any, container: Any) -> Any:
+    """cel-go's `in`: list membership by item.Equal(element), a failing Equal counting as no match."""
+    if isinstance(item, CELEvalError):
+        return item
+    if isinstance(container, CELEvalError):
+        return container
+    if isinstance(container, celtypes.ListType):
+        return celtypes.BoolType(any(_go_equal(item, element) is True or (
+            isinstance(_go_equal(item, element), celtypes.BoolType) and bool(_go_equal(item, element)))
+            for element in container))
+    return base_functions["_in_"](item, container)
 
 
 def _numeric(v: Any) -> bool:
@@ -189,6 +183,9 @@ def _relational(name: str, op: Callable[[Any, Any], bool]) -> Callable[[Any, Any
             if any(isinstance(x, float) and math.isnan(x) for x in (a, b)):
                 return celtypes.BoolType(False)
             return celtypes.BoolType(op(Fraction(a), Fraction(b)))
+        if type(a) is not type(b):
+            # Python would order a bool against a number; CEL has no such overload
+            return CELEvalError("no such overload", TypeError, ())
         return original(a, b)
     return call
 
@@ -206,8 +203,8 @@ def _functions() -> dict[str, Any]:
         "asApproximateFloat": _expect(q, Quantity.as_approximate_float),
         "asInteger": _expect(q, lib.quantity_as_integer),
         "isInteger": _expect(q, lambda x: x.as_int64() is not None),
-        "add": _expect(q, _q_add),
-        "sub": _expect(q, _q_sub),
+        "add": _expect(q, lib.quantity_add),
+        "sub": _expect(q, lib.quantity_sub),
         "semver": lib.semver_from_string,
         "isSemver": lib.is_semver,
         "major": _expect(v, Version.cel_major),
@@ -242,10 +239,12 @@ def _functions() -> dict[str, Any]:
         "trim": _expect(str, lib.string_trim),
         "join": _expect(list, lib.string_join),
         "strings_quote": lib.strings_quote,
+        "tessera_in_constant_list": lib.in_constant_list,
     }
     out: dict[str, Any] = {name: _guard(fn) for name, fn in fns.items()}
     out["_==_"] = _go_equal
     out["_!=_"] = _go_not_equal
+    out["_in_"] = _go_in
     out["_<_"] = _relational("_<_", lambda a, b: a < b)
     out["_<=_"] = _relational("_<=_", lambda a, b: a <= b)
     out["_>_"] = _relational("_>_", lambda a, b: a > b)
@@ -256,17 +255,36 @@ def _functions() -> dict[str, Any]:
 _FUNCTIONS = _functions()
 
 
-def rewrite_for_celpy(expression: str, ast: Node) -> Node:
+_BINDING_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+def substitute(n: Node, name: str, replacement: Node) -> Node:
+    """n with every free occurrence of the identifier `name` replaced (inner bindings shadow it)."""
+    if isinstance(n, Ident):
+        return replacement if n.name == name else n
+    if isinstance(n, Call) and n.args and isinstance(n.args[0], Ident) and n.args[0].name == name:
+        if n.target is not None and n.function in _BINDING_MACROS:
+            return Call(n.offset, n.function, n.args, substitute(n.target, name, replacement))
+        if isinstance(n.target, Ident) and n.target.name == "cel" and n.function == "bind" and len(n.args) == 3:
+            return Call(n.offset, n.function, (n.args[0], substitute(n.args[1], name, replacement), n.args[2]),
+                        n.target)
+    return map_children(n, lambda c: substitute(c, name, replacement))
+
+
+def rewrite_for_celpy(expression: str, ast: Node, constant_membership_calls: frozenset[int] = frozenset()) -> Node:
     """cel.bind and qualified function names in forms celpy understands; reject what it cannot run."""
     def visit(n: Node) -> Node:
         if (isinstance(n, Select | Index) and n.optional) or (isinstance(n, ListLit) and any(n.optional)):
             raise CelCompileError(expression, n.offset + 1, "optional syntax (.?, [?], ?elements) is not "
                                   "supported by the celpy engine; use the celexpr engine")
         if isinstance(n, Call):
-            if isinstance(n.target, Ident) and n.target.name == "cel" and n.function == "bind" and len(n.args) == 3:
-                var, init, body = (visit(a) for a in n.args)
-                mapped = Call(n.offset, "map", (var, body), ListLit(n.offset, (init,)))
-                return Call(n.offset, "_[_]", (mapped, Literal(n.offset, "int", 0)))
+            if n.function == "@in" and n.offset in constant_membership_calls:
+                return Call(n.offset, "tessera_in_constant_list", (visit(n.args[0]), n.args[1]))
+            if (isinstance(n.target, Ident) and n.target.name == "cel" and n.function == "bind" and len(n.args) == 3
+                    and isinstance(n.args[0], Ident)):
+                # CEL is pure, so binding is substitution; unlike a comprehension, the substituted
+                # form lets && and || absorb errors the way cel-go does
+                return visit(substitute(n.args[2], n.args[0].name, n.args[1]))
             if isinstance(n.target, Ident) and f"{n.target.name}.{n.function}" in _QUALIFIED:
                 return Call(n.offset, _QUALIFIED[f"{n.target.name}.{n.function}"], tuple(visit(a) for a in n.args))
             if isinstance(n.target, Ident) and n.target.name == "optional":
@@ -330,7 +348,8 @@ class CelPyEngine:
     name = "celpy"
 
     def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelPyProgram:
-        source = unparse(rewrite_for_celpy(expression, expand_two_variable_macros(ast)))
+        source = unparse(rewrite_for_celpy(expression, expand_two_variable_macros(ast),
+                                           analysis.constant_membership_calls))
         with _compile_lock:
             if "env" not in _environment:
                 _environment["env"] = celpy.Environment()

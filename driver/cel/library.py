@@ -90,12 +90,27 @@ def quantity_as_integer(q: Quantity) -> int:
     return v
 
 
-def quantity_add_int(q: Quantity, n: int) -> Quantity:
-    return q.add(Quantity.from_int(n, "DecimalExponent"))
+class ComputedQuantity(Quantity):
+    """The result of add()/sub(): a Go *Quantity, which Quantity.Equal never accepts as its argument."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, q: Quantity) -> ComputedQuantity:
+        out = cls.__new__(cls)
+        out._int, out._dec, out.format, out._s = q._int, q._dec, q.format, ""
+        return out
 
 
-def quantity_sub_int(q: Quantity, n: int) -> Quantity:
-    return q.sub(Quantity.from_int(n, "DecimalExponent"))
+def quantity_add(q: Quantity, other: Quantity | int) -> Quantity:
+    """CEL's q.add(x): Go converts an int with NewQuantity(x, DecimalExponent)."""
+    addend = other if isinstance(other, Quantity) else Quantity.from_int(other, "DecimalExponent")
+    return ComputedQuantity.of(q.add(addend))
+
+
+def quantity_sub(q: Quantity, other: Quantity | int) -> Quantity:
+    subtrahend = other if isinstance(other, Quantity) else Quantity.from_int(other, "DecimalExponent")
+    return ComputedQuantity.of(q.sub(subtrahend))
 
 
 def compare(a: Quantity | Version, b: Quantity | Version) -> int:
@@ -112,10 +127,14 @@ MAX_INCLUDES_LIST = 48
 def go_equal(a: Any, b: Any) -> bool:
     """cel-go's a.Equal(b) on plain values: a Quantity/Semver receiver fails on any other type,
     numbers compare across int/uint/double, bool never equals a number."""
-    if isinstance(a, Quantity | Version):
-        if type(a) is not type(b) and not (isinstance(a, Quantity) and isinstance(b, Quantity)):
+    if isinstance(a, Quantity):
+        if not isinstance(b, Quantity) or isinstance(b, ComputedQuantity):
             raise TypeError("no such overload")
-        return bool(a == b)
+        return a.cmp(b) == 0
+    if isinstance(a, Version):
+        if not isinstance(b, Version):
+            raise TypeError("no such overload")
+        return a.compare(b) == 0
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -130,8 +149,23 @@ def includes(target: Any, value: Any) -> bool:
     if isinstance(target, list):
         if len(target) > MAX_INCLUDES_LIST:
             raise ValueError(f"includes() on a list of {len(target)} values; at most {MAX_INCLUDES_LIST} allowed")
-        return any(go_equal(item, value) for item in target)
-    return go_equal(target, value)
+        return any(_same_type_equal(item, value) for item in target)
+    return _same_type_equal(target, value)
+
+
+def in_constant_list(item: Any, items: Sequence[Any]) -> bool:
+    """cel-go's `x in [literal, ...]`: a hash-set lookup, which panics (a run-time error) on a Semver."""
+    if isinstance(item, Version):
+        raise ValueError("internal error: runtime error: hash of unhashable type cel.Semver")
+    return any(_same_type_equal(item, element) for element in items)
+
+
+def _same_type_equal(a: Any, b: Any) -> bool:
+    # includes() never fails on a type mismatch (Kubernetes answers false)
+    try:
+        return go_equal(a, b)
+    except TypeError:
+        return False
 
 
 # ---- Kubernetes lists library (v0) and cel-go lists/sets extensions ------------------------------
