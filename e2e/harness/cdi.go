@@ -56,7 +56,7 @@ func runCDI(args []string) int {
 		// NewCache reports spec errors here too; they are listed in the report below.
 		fmt.Fprintf(os.Stderr, "cdi: %v\n", err)
 	}
-	rep := cdiReport{Specs: []cdiSpecReport{}, Devices: cache.ListDevices(), Errors: map[string][]string{}}
+	rep := cdiReport{Specs: []cdiSpecReport{}, Devices: nonNil(cache.ListDevices()), Errors: map[string][]string{}}
 	for path, errs := range cache.GetErrors() {
 		for _, e := range errs {
 			rep.Errors[path] = append(rep.Errors[path], e.Error())

@@ -1,0 +1,788 @@
+"""A real Kubernetes control plane plus tessera node agents, as local processes.
+
+Used by the e2e pytest suite (one cluster per session) and by `make demo`. Every component is a
+separate process of the Go harness (e2e/harness, built from Kubernetes' own modules) or of tessera
+itself, with its output in a log file under the cluster's work dir. Nodes are fake Node objects;
+the harness's `kubelet` role stands in for kubelet's DRA side on each of them.
+
+Nothing here imports tessera's packages: the e2e tier talks to tessera only through its CLI, the
+apiserver and the kubelet gRPC API, as a cluster would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVER = "gpu.tessera.dev"
+ADMIN_TOKEN = "tessera-e2e-admin-token"
+PREPARED_ANNOTATION = "e2e.tessera.dev/prepared-devices"
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """A component failed to start or a wait ran out; the message says which and where its log is."""
+
+
+# ---------------------------------------------------------------------------------------------
+# waiting
+
+
+def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll `check` until it returns something truthy; raise ClusterError naming `what` after `timeout`.
+
+    Exceptions from `check` count as "not yet" (the apiserver may still be starting), and the
+    last one is reported if the wait runs out; but a failed assertion or a dead component
+    (ClusterError) ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+            last = result
+        except (AssertionError, ClusterError):
+            raise
+        except Exception as exc:  # reported below if the wait runs out
+            last = exc
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; last result: {last!r}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass
+class ManagedProcess:
+    """One component: started in its own process group, output captured in `log_path`."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            stamp = datetime.datetime.now(datetime.UTC).isoformat()
+            log.write(f"\n=== {stamp} start: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **(self.env or {})}, start_new_session=True, cwd=REPO,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, f"{self.name} was never started"
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            rc = self.popen.returncode if self.popen else None
+            raise ClusterError(f"{self.name} exited (rc={rc}); log {self.log_path}:\n{self.tail()}")
+
+    def alive_and(self, condition: Callable[[], bool]) -> bool:
+        """For waits: the condition, but fail at once (with the log tail) if the process died."""
+        self.check_alive()
+        return condition()
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it if it has not exited within `timeout`."""
+        if self.popen is None:
+            return
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait(10)
+        # Children that outlived the leader (none expected) must not outlive the session.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would."""
+        if self.popen is not None and self.alive():
+            self.signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------
+# certificates
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throw-away CA for the apiserver's serving cert and tessera's webhook."""
+
+    ca_key: ec.EllipticCurvePrivateKey
+    ca_cert: x509.Certificate
+
+    @classmethod
+    def create(cls) -> Pki:
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-e2e-ca")])
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(key, cert)
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca_cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue_server(self, common_name: str, dir_: Path) -> tuple[Path, Path]:
+        """A serving cert for 127.0.0.1/localhost signed by the CA; returns (cert, key) paths."""
+        import ipaddress
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(self.ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            ]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(self.ca_key, hashes.SHA256())
+        )
+        dir_.mkdir(parents=True, exist_ok=True)
+        cert_path, key_path = dir_ / f"{common_name}.crt", dir_ / f"{common_name}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+        key_path.chmod(0o600)
+        return cert_path, key_path
+
+
+def write_service_account_key(path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+
+
+# ---------------------------------------------------------------------------------------------
+# a small JSON client
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        self.status = status
+        self.body = body
+        try:
+            self.message = str(json.loads(body).get("message", body))
+        except (ValueError, AttributeError):
+            self.message = body
+        super().__init__(f"{method} {path}: {status}: {self.message}")
+
+
+# kind -> (api prefix, plural, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Node": ("/api/v1", "nodes", False),
+    "Pod": ("/api/v1", "pods", True),
+    "Event": ("/api/v1", "events", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False),
+    "MutatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
+}
+
+
+def resource_path(kind: str, name: str = "", namespace: str = "") -> str:
+    try:
+        prefix, plural, namespaced = RESOURCES[kind]
+    except KeyError:
+        raise ValueError(f"e2e.cluster knows no resource path for kind {kind!r}; add it to RESOURCES") from None
+    path = prefix
+    if namespaced and namespace:
+        path += f"/namespaces/{namespace}"
+    path += f"/{plural}"
+    if name:
+        path += f"/{name}"
+    return path
+
+
+class Kube:
+    """JSON over HTTPS with the admin token: just what the tests need, objects as dicts."""
+
+    def __init__(self, server: str, ca_file: Path, token: str = ADMIN_TOKEN) -> None:
+        self.server = server
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.verify = str(ca_file)
+        # REQUESTS_CA_BUNDLE and proxy variables from the environment would override the cluster's CA.
+        self.session.trust_env = False
+        # `Warning:` headers of the last response (admission webhooks' warnings arrive this way).
+        self.last_warnings: list[str] = []
+
+    def request(self, method: str, path: str, body: Obj | None = None, *, params: dict[str, str] | None = None,
+                content_type: str = "application/json", timeout: float = 30.0) -> Obj:
+        resp = self.session.request(method, self.server + path, params=params, timeout=timeout,
+                                    data=json.dumps(body) if body is not None else None,
+                                    headers={"Content-Type": content_type})
+        self.last_warnings = [w.strip() for w in resp.headers.get("Warning", "").split(", 299 ") if w.strip()]
+        if resp.status_code >= 400:
+            raise KubeError(resp.status_code, method, path, resp.text)
+        if not resp.content:
+            return {}
+        result: Obj = resp.json()
+        return result
+
+    def get(self, kind: str, name: str, namespace: str = "") -> Obj:
+        return self.request("GET", resource_path(kind, name, namespace))
+
+    def get_or_none(self, kind: str, name: str, namespace: str = "") -> Obj | None:
+        try:
+            return self.get(kind, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str = "", *, field_selector: str = "", label_selector: str = "") -> list[Obj]:
+        params = {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if label_selector:
+            params["labelSelector"] = label_selector
+        items: list[Obj] = self.request("GET", resource_path(kind, "", namespace), params=params)["items"]
+        return items
+
+    def create(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        meta = obj.get("metadata", {})
+        params = {"dryRun": "All"} if dry_run else None
+        return self.request("POST", resource_path(obj["kind"], "", meta.get("namespace", "")), obj, params=params)
+
+    def apply(self, obj: Obj) -> Obj:
+        """Create, or replace an existing object of the same name (keeping its resourceVersion)."""
+        meta = obj["metadata"]
+        try:
+            return self.create(obj)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        current = self.get(obj["kind"], meta["name"], meta.get("namespace", ""))
+        obj = {**obj, "metadata": {**meta, "resourceVersion": current["metadata"]["resourceVersion"]}}
+        return self.request("PUT", resource_path(obj["kind"], meta["name"], meta.get("namespace", "")), obj)
+
+    def delete(self, kind: str, name: str, namespace: str = "", *, grace_seconds: int | None = None) -> None:
+        body = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
+        try:
+            self.request("DELETE", resource_path(kind, name, namespace), body)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    def patch_status(self, kind: str, name: str, patch: Obj, namespace: str = "") -> Obj:
+        return self.request("PATCH", resource_path(kind, name, namespace) + "/status", patch,
+                            content_type="application/merge-patch+json")
+
+
+def load_manifests(path: Path) -> list[Obj]:
+    """Every object in a YAML file or in the YAML files of a directory (sorted, not recursive)."""
+    files = sorted(p for p in path.iterdir() if p.suffix in {".yaml", ".yml"}) if path.is_dir() else [path]
+    return [doc for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
+
+
+# ---------------------------------------------------------------------------------------------
+# the harness binary
+
+
+def harness_path() -> Path:
+    """The harness binary: $TESSERA_HARNESS, or build it (cached by content hash) with build.sh."""
+    env = os.environ.get("TESSERA_HARNESS")
+    if env:
+        path = Path(env)
+        if not os.access(path, os.X_OK):
+            raise ClusterError(f"TESSERA_HARNESS={env} is not an executable file")
+        return path
+    proc = subprocess.run(["bash", str(REPO / "e2e/harness/build.sh"), "--print-path"],
+                          stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise ClusterError(f"building the e2e harness failed (rc={proc.returncode}); see the output above")
+    return Path(proc.stdout.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# control plane
+
+
+@dataclass
+class ControlPlane:
+    """etcd, kube-apiserver, kube-scheduler, the ResourceClaim controller and the garbage collector on 127.0.0.1."""
+
+    work_dir: Path
+    harness: Path
+    older_cluster: bool = False
+    processes: dict[str, ManagedProcess] = field(default_factory=dict)
+    pki: Pki = field(default_factory=Pki.create)
+    apiserver_port: int = 0
+    kube: Kube | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.work_dir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.work_dir / "pki" / "ca.crt"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.work_dir / "logs" / f"{name}.log").start()
+        self.processes[name] = proc
+        return proc
+
+    def start(self, *, timeout: float = 180.0) -> Kube:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        pki_dir = self.work_dir / "pki"
+        pki_dir.mkdir(exist_ok=True)
+        self.ca_file.write_bytes(self.pki.ca_pem)
+        cert, key = self.pki.issue_server("kube-apiserver", pki_dir)
+        sa_key = pki_dir / "sa.key"
+        write_service_account_key(sa_key)
+        tokens = pki_dir / "tokens.csv"
+        tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+
+        # etcd's data is throw-away; tmpfs keeps its latency off the (shared) disk.
+        shm = Path("/dev/shm")
+        etcd_base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.work_dir
+        etcd_dir = etcd_base / f"tessera-etcd-{os.getpid()}-{free_port()}"
+        self._etcd_dir = etcd_dir
+        etcd_port, peer_port = free_port(), free_port()
+        etcd = self._start("etcd", [str(self.harness), "etcd", f"--data-dir={etcd_dir}",
+                                    f"--listen-client-url=http://127.0.0.1:{etcd_port}",
+                                    f"--listen-peer-url=http://127.0.0.1:{peer_port}"])
+        wait_for(lambda: etcd.alive_and(lambda: "ready on" in etcd.log_path.read_text()),
+                 timeout=60, what=f"etcd to be ready (log {etcd.log_path})")
+
+        self.apiserver_port = free_port()
+        older = ["--older-cluster"] if self.older_cluster else []
+        apiserver = self._start("apiserver", [
+            str(self.harness), "apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
+            f"--cert-dir={pki_dir / 'generated'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+            # Fake nodes have no kubelet to clear the not-ready taint, and pods need no SA token.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--endpoint-reconciler-type=none", "--allow-privileged=true",
+            "--profiling=false", "-v=1", *older,
+        ])
+        kube = Kube(self.server, self.ca_file)
+
+        def ready() -> bool:
+            apiserver.check_alive()
+            resp = kube.session.get(self.server + "/readyz", timeout=5)
+            return resp.status_code == 200
+
+        wait_for(ready, timeout=timeout, interval=0.5, what=f"kube-apiserver /readyz (log {apiserver.log_path})")
+        self._write_kubeconfig()
+        self.kube = kube
+
+        sched_config = self.work_dir / "scheduler.yaml"
+        # Short backoff: pods that were unschedulable get retried quickly once slices or claims change.
+        sched_config.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+            "leaderElection": {"leaderElect": False},
+            "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": 2,
+        }))
+        self._start("scheduler", [str(self.harness), "scheduler", f"--config={sched_config}",
+                                  "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older])
+        self._start("controller-manager", [
+            str(self.harness), "controller-manager", f"--kubeconfig={self.kubeconfig}",
+            # The garbage collector deletes claims generated for pods that are gone (ownerReferences);
+            # without it every finished pod would keep its devices allocated.
+            "--controllers=resourceclaim-controller,garbage-collector-controller", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
+        ])
+        wait_for(lambda: kube.get_or_none("Namespace", "default"), timeout=60, what="the default namespace")
+        return kube
+
+    def _write_kubeconfig(self) -> None:
+        import base64
+
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "tessera-e2e",
+            "clusters": [{"name": "tessera-e2e", "cluster": {
+                "server": self.server,
+                "certificate-authority-data": base64.b64encode(self.pki.ca_pem).decode()}}],
+            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "contexts": [{"name": "tessera-e2e", "context": {"cluster": "tessera-e2e", "user": "admin"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+    def check_alive(self) -> None:
+        for proc in self.processes.values():
+            proc.check_alive()
+
+    def stop(self) -> None:
+        for name in ("controller-manager", "scheduler", "apiserver", "etcd"):
+            if name in self.processes:
+                self.processes[name].stop()
+        etcd_dir = getattr(self, "_etcd_dir", None)
+        if etcd_dir is not None:
+            shutil.rmtree(etcd_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# fake nodes with tessera's node agent
+
+
+def create_fake_node(kube: Kube, name: str) -> Obj:
+    """A Node that the scheduler considers Ready and untainted; no kubelet will ever update it."""
+    kube.apply({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                               "kubernetes.io/arch": "amd64", "e2e.tessera.dev/fake": "true"}},
+        "spec": {"taints": []},
+    })
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return kube.patch_status("Node", name, {"status": {
+        "capacity": resources, "allocatable": resources, "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+    }})
+
+
+@dataclass
+class NodeAgent:
+    """One fake node: the harness's kubelet stand-in and `tessera kubelet-plugin` for it."""
+
+    name: str
+    profile: str
+    work_dir: Path
+    harness: Path
+    kubeconfig: Path
+    mig_strategy: str = "static"
+    kubelet: ManagedProcess | None = None
+    plugin: ManagedProcess | None = None
+    metrics_port: int = 0
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.work_dir / "kubelet"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.work_dir / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.work_dir / "state"
+
+    @property
+    def results(self) -> Path:
+        return self.work_dir / "kubelet-events.jsonl"
+
+    def events(self, kind: str | None = None) -> list[Obj]:
+        """The kubelet stand-in's records (registrations, prepares, unprepares), oldest first."""
+        try:
+            lines = self.results.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in out if kind is None or e["event"] == kind]
+
+    def start_kubelet(self, *, timeout: float = 30.0) -> None:
+        """Start (or restart) the kubelet stand-in; like kubelet it wipes the node's slices first."""
+        for d in (self.registry_dir, self.cdi_dir, self.state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        starts = len(self.events("started"))
+        self.kubelet = ManagedProcess(f"kubelet-{self.name}", [
+            str(self.harness), "kubelet", f"--kubeconfig={self.kubeconfig}", f"--node-name={self.name}",
+            f"--registry-dir={self.registry_dir}", f"--results={self.results}",
+        ], self.work_dir / "kubelet.log").start()
+        kubelet = self.kubelet
+        wait_for(lambda: kubelet.alive_and(lambda: len(self.events("started")) > starts),
+                 timeout=timeout, what=f"kubelet stand-in of {self.name} to start")
+
+    def plugin_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "tessera", "--log-format=json", "kubelet-plugin",
+            f"--node-name={self.name}", f"--simulate={self.profile}", f"--kubeconfig={self.kubeconfig}",
+            f"--kubelet-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", f"--state-dir={self.state_dir}",
+            f"--mig-strategy={self.mig_strategy}", f"--metrics-addr=127.0.0.1:{self.metrics_port}",
+        ]
+
+    def start_plugin(self, *, timeout: float = 60.0) -> None:
+        """Start (or restart) tessera's plugin and wait until the kubelet stand-in registered it."""
+        if not self.metrics_port:
+            self.metrics_port = free_port()
+        registered = len(self.events("registered"))
+        self.plugin = ManagedProcess(f"plugin-{self.name}", self.plugin_argv(), self.work_dir / "plugin.log").start()
+        plugin = self.plugin
+        wait_for(lambda: plugin.alive_and(lambda: len(self.events("registered")) > registered),
+                 timeout=timeout, what=f"tessera kubelet-plugin on {self.name} to register with the kubelet stand-in")
+
+    def stop(self) -> None:
+        for proc in (self.plugin, self.kubelet):
+            if proc is not None:
+                proc.stop()
+
+    def logs(self) -> list[ManagedProcess]:
+        return [p for p in (self.kubelet, self.plugin) if p is not None]
+
+
+@dataclass
+class Controller:
+    """`tessera controller` serving the admission webhooks the apiserver calls."""
+
+    work_dir: Path
+    kubeconfig: Path
+    pki: Pki
+    port: int = 0
+    process: ManagedProcess | None = None
+
+    def start(self, kube: Kube, *, timeout: float = 60.0) -> None:
+        cert, key = self.pki.issue_server("tessera-controller", self.work_dir / "pki")
+        self.port = free_port()
+        self.process = ManagedProcess("controller", [
+            sys.executable, "-m", "tessera", "--log-format=json", "controller",
+            f"--kubeconfig={self.kubeconfig}", f"--tls-cert={cert}", f"--tls-key={key}",
+            f"--listen=127.0.0.1:{self.port}", f"--metrics-addr=127.0.0.1:{free_port()}",
+        ], self.work_dir / "logs" / "controller.log").start()
+        proc = self.process
+        ctx = ssl.create_default_context(cafile=None)
+        ctx.load_verify_locations(cadata=self.pki.ca_pem.decode())
+
+        def listening() -> bool:
+            proc.check_alive()
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock, \
+                    ctx.wrap_socket(sock, server_hostname="localhost"):
+                return True
+
+        wait_for(listening, timeout=timeout, what=f"tessera controller to serve TLS (log {proc.log_path})")
+        import base64
+
+        ca_bundle = base64.b64encode(self.pki.ca_pem).decode()
+
+        def hook(name: str, path: str, resources: list[str], operations: list[str]) -> Obj:
+            return {
+                "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+                "timeoutSeconds": 10,
+                "clientConfig": {"url": f"https://127.0.0.1:{self.port}{path}", "caBundle": ca_bundle},
+                "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": operations,
+                           "resources": resources, "scope": "*"}],
+            }
+
+        kube.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": "tessera"}, "webhooks": [
+                        hook("deviceclasses.gpu.tessera.dev", "/validate-deviceclass", ["deviceclasses"],
+                             ["CREATE", "UPDATE"]),
+                        hook("resourceclaims.gpu.tessera.dev", "/validate-resourceclaim",
+                             ["resourceclaims", "resourceclaimtemplates"], ["CREATE", "UPDATE"]),
+                    ]})
+        kube.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                    "metadata": {"name": "tessera"}, "webhooks": [
+                        hook("mutate-resourceclaims.gpu.tessera.dev", "/mutate-resourceclaim",
+                             ["resourceclaims", "resourceclaimtemplates"], ["CREATE"]),
+                    ]})
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+def controller_available() -> str:
+    """Empty when `tessera controller` is implemented, else why not (the webhook scenarios skip)."""
+    proc = subprocess.run([sys.executable, "-m", "tessera", "controller", "--help"], capture_output=True,
+                          text=True, cwd=REPO, check=False, timeout=60)
+    if proc.returncode != 0 or "--tls-cert" not in proc.stdout:
+        return "tessera controller is not implemented yet (`tessera controller --help` has no --tls-cert)"
+    return ""
+
+
+def plugin_available() -> str:
+    """Empty when `tessera kubelet-plugin` is implemented, else why not."""
+    proc = subprocess.run([sys.executable, "-m", "tessera", "kubelet-plugin", "--help"], capture_output=True,
+                          text=True, cwd=REPO, check=False, timeout=60)
+    if proc.returncode != 0 or "--kubelet-dir" not in proc.stdout:
+        return "tessera kubelet-plugin is not implemented yet (`tessera kubelet-plugin --help` has no --kubelet-dir)"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole thing
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    profile: str
+    mig_strategy: str = "static"
+
+
+DEFAULT_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+
+
+@dataclass
+class Cluster:
+    work_dir: Path
+    nodes: list[NodeSpec]
+    harness: Path = field(default_factory=harness_path)
+    older_cluster: bool = False
+    with_controller: bool = True
+    control_plane: ControlPlane | None = None
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    controller: Controller | None = None
+    controller_skip_reason: str = ""
+
+    @property
+    def kube(self) -> Kube:
+        assert self.control_plane is not None and self.control_plane.kube is not None, "cluster not started"
+        return self.control_plane.kube
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.control_plane is not None
+        return self.control_plane.kubeconfig
+
+    def start(self) -> Cluster:
+        self.control_plane = ControlPlane(self.work_dir, self.harness, older_cluster=self.older_cluster)
+        kube = self.control_plane.start()
+        for spec in self.nodes:
+            create_fake_node(kube, spec.name)
+        self.apply_device_classes()
+        if self.with_controller:
+            self.controller_skip_reason = controller_available()
+            if not self.controller_skip_reason:
+                self.controller = Controller(self.work_dir, self.kubeconfig, self.control_plane.pki)
+                self.controller.start(kube)
+        for spec in self.nodes:
+            agent = NodeAgent(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, self.harness,
+                              self.kubeconfig, spec.mig_strategy)
+            self.agents[spec.name] = agent
+            # kubelet first: it wipes the node's slices at start, as the real one does.
+            agent.start_kubelet()
+        for agent in self.agents.values():
+            agent.start_plugin()
+        return self
+
+    def apply_device_classes(self) -> list[str]:
+        """tessera's shipped DeviceClasses (deviceclasses/), or the basic class while there are none."""
+        shipped = [m for m in load_manifests(REPO / "deviceclasses") if m.get("kind") == "DeviceClass"] \
+            if (REPO / "deviceclasses").is_dir() else []
+        for obj in shipped or [DEFAULT_CLASS]:
+            self.kube.apply(obj)
+        return [o["metadata"]["name"] for o in shipped or [DEFAULT_CLASS]]
+
+    def processes(self) -> list[ManagedProcess]:
+        procs = list(self.control_plane.processes.values()) if self.control_plane else []
+        if self.controller and self.controller.process:
+            procs.append(self.controller.process)
+        for agent in self.agents.values():
+            procs.extend(agent.logs())
+        return procs
+
+    def diagnostics(self, lines: int = 30) -> str:
+        parts = []
+        for proc in self.processes():
+            state = "running" if proc.alive() else f"exited rc={proc.popen.returncode if proc.popen else None}"
+            parts.append(f"----- {proc.name} ({state}) {proc.log_path} -----\n{proc.tail(lines)}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        if self.controller:
+            self.controller.stop()
+        if self.control_plane:
+            self.control_plane.stop()
+
+
+@contextlib.contextmanager
+def running_cluster(work_dir: Path, nodes: list[NodeSpec], **kwargs: Any) -> Iterator[Cluster]:
+    cluster = Cluster(work_dir, nodes, **kwargs)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

@@ -1,0 +1,122 @@
+"""Session fixtures: one real control plane and three fake GPU nodes for the whole e2e run.
+
+Starting the control plane costs ~10-20 s; every scenario shares it and cleans up its own pods so
+the next one finds the nodes empty. When a test fails, the tail of every component's log is
+attached to the report, and the work dir (logs, CDI specs, kubelet records) is kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import REPO, Cluster, Kube, NodeAgent, NodeSpec, plugin_available
+from e2e.workloads import delete_pods, ensure_namespace
+
+DGX = "e2e-dgx"
+A100 = "e2e-a100"
+MIG = "e2e-mig"
+
+NODES = [
+    NodeSpec(DGX, "dgx-h100-8", "static"),
+    NodeSpec(A100, "a100-pcie-4", "static"),
+    # One H100 in MIG mode with no instances: dynamic MIG creates them at prepare.
+    NodeSpec(MIG, str(REPO / "e2e" / "profiles" / "one-h100-mig.yaml"), "dynamic"),
+]
+
+_state: dict[str, Cluster] = {}
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    del item
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and "cluster" in _state:
+        _state["failed"] = _state["cluster"]  # keep the work dir
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    outcome: Any = yield
+    if outcome.excinfo is not None and "cluster" in _state:
+        cluster = _state["cluster"]
+        item.add_report_section("call", "component logs", cluster.diagnostics())
+        item.add_report_section("call", "work dir", str(cluster.work_dir))
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Iterator[Path]:
+    # Short and under /tmp: unix socket paths must stay below 108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="tessera-e2e-", dir="/tmp"))
+    yield path
+    if "failed" not in _state:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        print(f"\ne2e work dir kept for inspection: {path}")
+
+
+@pytest.fixture(scope="session")
+def cluster(work_dir: Path) -> Iterator[Cluster]:
+    """The control plane, tessera's DeviceClasses and controller, and the three fake GPU nodes."""
+    reason = plugin_available()
+    nodes = NODES if not reason else []
+    c = Cluster(work_dir / "cluster", nodes)
+    _state["cluster"] = c
+    try:
+        c.start()
+    except Exception:
+        print(c.diagnostics(60))
+        c.stop()
+        raise
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def kube(cluster: Cluster) -> Kube:
+    return cluster.kube
+
+
+def _agent(cluster: Cluster, name: str) -> NodeAgent:
+    reason = plugin_available()
+    if reason:
+        pytest.skip(reason)
+    return cluster.agents[name]
+
+
+@pytest.fixture
+def dgx(cluster: Cluster) -> NodeAgent:
+    return _agent(cluster, DGX)
+
+
+@pytest.fixture
+def a100(cluster: Cluster) -> NodeAgent:
+    return _agent(cluster, A100)
+
+
+@pytest.fixture
+def mig_node(cluster: Cluster) -> NodeAgent:
+    return _agent(cluster, MIG)
+
+
+@pytest.fixture
+def namespace(kube: Kube, cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test; its pods are deleted (and their devices unprepared) afterwards."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    ensure_namespace(kube, name)
+    yield name
+    if cluster.control_plane and cluster.control_plane.processes["apiserver"].alive():
+        delete_pods(kube, name)
+        for c in kube.list("ResourceClaim", name):
+            kube.delete("ResourceClaim", c["metadata"]["name"], name)
+
+
+@pytest.fixture
+def controller(cluster: Cluster) -> Cluster:
+    if cluster.controller is None:
+        pytest.skip(cluster.controller_skip_reason or "tessera controller was not started")
+    return cluster
