@@ -86,8 +86,10 @@ class Analysis:
     literal_domains: frozenset[tuple[ReadKind, str]]
     # offsets of indexOf()/lastIndexOf() calls whose receiver is statically a list (not a string)
     list_index_calls: frozenset[int] = frozenset()
-    # offsets of ==/!= whose left operand's type is only known at run time (see engine_celexpr)
+    # offsets of ==/!= whose left operand's type is only known at run time, and of those whose left
+    # operand is a Quantity or Semver (see engine_celexpr)
     dynamic_equality_calls: frozenset[int] = frozenset()
+    message_equality_calls: frozenset[int] = frozenset()
     # offsets of `x in [literals...]` where x may be a Semver: cel-go looks such lists up in a hash
     # set, and a Semver cannot be hashed (a run-time error in Kubernetes)
     constant_membership_calls: frozenset[int] = frozenset()
@@ -152,6 +154,7 @@ class _Analyzer:
         self.literal_domains: set[tuple[ReadKind, str]] = set()
         self.list_index_calls: set[int] = set()
         self.dynamic_equality_calls: set[int] = set()
+        self.message_equality_calls: set[int] = set()
         self.constant_membership_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
 
@@ -542,8 +545,9 @@ class _Analyzer:
         if fn in ("_==_", "_!=_"):
             bad = len(known) == 2 and known[0] != known[1] and "null" not in known
             # a Quantity on the left is compared by Go's Quantity.Equal, which rejects an add()/sub() result
-            message_left = shapes[0] == "quantity" or (shapes[0] == "semver" and shapes[1] == "dyn")
-            if shapes[1] != "null" and (shapes[0] == "dyn" or message_left):
+            if shapes[0] == "quantity" or (shapes[0] == "semver" and shapes[1] == "dyn"):
+                self.message_equality_calls.add(n.offset)
+            elif shapes[0] == "dyn" and shapes[1] != "null":
                 self.dynamic_equality_calls.add(n.offset)
             if not bad and all(s in ("string", "bytes", "dyn") for s in shapes) and set(shapes) != {"dyn"}:
                 return BOOL, cost + math.ceil(min(t.size for t in arg_types) * 0.1)
@@ -689,5 +693,6 @@ def analyze(src: str, ast: Node) -> Analysis:
         literal_domains=frozenset(a.literal_domains),
         list_index_calls=frozenset(a.list_index_calls),
         dynamic_equality_calls=frozenset(a.dynamic_equality_calls),
+        message_equality_calls=frozenset(a.message_equality_calls),
         constant_membership_calls=frozenset(a.constant_membership_calls),
     )

@@ -33,7 +33,7 @@ from driver.cel.printer import unparse
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
-from driver.cel.syntax import Call, Index, Literal, MapLit, Node, Select, map_children
+from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, map_children
 
 _FILE = "tessera/cel/kubernetes_types.proto"
 
@@ -345,6 +345,7 @@ def _env() -> Any:
 
 
 _RELATIONAL = frozenset({"_<_", "_<=_", "_>_", "_>=_"})
+_EQUALITY_VAR = "__tessera_left__"
 def _is_device_map(n: Node) -> bool:
     return (isinstance(n, Select) and not n.optional and not n.test_only and n.field in ("attributes", "capacity")
             and getattr(n.operand, "name", None) == "device")
@@ -364,6 +365,7 @@ def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
     """
     list_index_calls = analysis.list_index_calls if analysis else frozenset()
     dynamic_equality_calls = analysis.dynamic_equality_calls if analysis else frozenset()
+    message_equality_calls = analysis.message_equality_calls if analysis else frozenset()
     constant_membership_calls = analysis.constant_membership_calls if analysis else frozenset()
     def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
         # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
@@ -388,11 +390,20 @@ def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
                 return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
             return empty_domain(n.operand, key, n.offset)
         if isinstance(n, Call) and n.function in ("_==_", "_!=_") and n.target is None and (
-                n.offset in dynamic_equality_calls):
-            # cel-go calls left.Equal(right): a Semver or Quantity on the left errors for any other
-            # type; cel-cpp's heterogeneous equality would say false
+                n.offset in dynamic_equality_calls or n.offset in message_equality_calls):
+            # cel-go calls left.Equal(right): a Semver or Quantity on the left fails on any other type
+            # (and a Quantity on an add()/sub() result), where cel-cpp would answer false
             left, right = visit(n.args[0]), visit(n.args[1])
-            return Call(n.offset, GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS, (left, right))
+            go_function = GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS
+            if n.offset in message_equality_calls:
+                return Call(n.offset, go_function, (left, right))
+            # only a message on the left needs Go's rules; other values keep cel-cpp's native equality
+            value = Ident(n.offset, _EQUALITY_VAR)
+            is_message = Call(n.offset, "@in", (Call(n.offset, "type", (value,)), ListLit(
+                n.offset, (Ident(n.offset, "kubernetes.Semver"), Ident(n.offset, "kubernetes.Quantity")))))
+            native = Call(n.offset, n.function, (value, right))
+            chosen = Call(n.offset, "_?_:_", (is_message, Call(n.offset, go_function, (value, right)), native))
+            return Call(n.offset, "bind", (value, left, chosen), Ident(n.offset, "cel"))
         if isinstance(n, Call) and n.target is not None and n.offset in list_index_calls and n.function in (
                 "indexOf", "lastIndexOf"):
             name = LIST_INDEX_OF if n.function == "indexOf" else LIST_LAST_INDEX_OF
