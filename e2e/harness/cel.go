@@ -111,6 +111,7 @@ func runCEL(args []string) int {
 	fs := flag.NewFlagSet("cel", flag.ContinueOnError)
 	input := fs.String("corpus", "-", "JSON corpus file (a list of cases, or {\"cases\": [...]}); - for stdin")
 	consumable := fs.Bool("consumable-capacity", true, "compile with the DRAConsumableCapacity environment (device.allowMultipleAllocations)")
+	listTypes := fs.Bool("list-type-attributes", false, "compile with the DRAListTypeAttributes environment (alpha in 1.36, off like the scheduler by default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -136,7 +137,7 @@ func runCEL(args []string) int {
 		}
 		cases = wrapped.Cases
 	}
-	cache := dracel.NewCache(len(cases)+1, dracel.Features{EnableConsumableCapacity: *consumable})
+	cache := dracel.NewCache(len(cases)+1, dracel.Features{EnableConsumableCapacity: *consumable, EnableListTypeAttributes: *listTypes})
 	results := make([]celResult, 0, len(cases))
 	for _, c := range cases {
 		r := celResult{Name: c.Name}
