@@ -5,9 +5,16 @@ messages of a descriptor built at import time. A message must hold a normalized 
 because cel-cpp's `==` on messages compares fields: a Quantity carries its reduced fraction,
 a Semver its numbers and prerelease (build metadata is ignored by semver equality anyway).
 
-Two rewrites bridge what cel-cpp cannot express (see rewrite_for_celexpr):
-- Kubernetes returns an empty map for an unknown attribute/capacity domain; cel-cpp errors.
-- Kubernetes allows relational operators across int/uint/double; cel-cpp's checker does not.
+Where cel-cpp and cel-go disagree, the expression is rewritten before cel-cpp sees it (see
+rewrite_for_celexpr), each rewrite found and checked against the Go oracle:
+- an unknown attribute/capacity domain reads as an empty map (cel-cpp would fail);
+- relational operators work across int/uint/double (cel-cpp's checker rejects them);
+- `==`/`!=` follow cel-go's left.Equal(right) when the left value may be a Semver or Quantity;
+- has() on a non-map value is false; `x in [literals]` fails on a Semver (cel-go hashes it);
+- list indexOf()/lastIndexOf(), whose names cel-cpp's strings extension owns;
+- two-variable comprehensions (driver.cel.rewrite).
+Messages cannot carry Go's Quantity representation, so each evaluation remembers the Quantity
+objects it produced (see _seen) and add()/sub() results stay distinguishable.
 
 Evaluation is thread-safe (compiled cel-cpp programs are immutable; each call gets its own
 activation) but holds the GIL.
@@ -367,6 +374,7 @@ def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
     dynamic_equality_calls = analysis.dynamic_equality_calls if analysis else frozenset()
     message_equality_calls = analysis.message_equality_calls if analysis else frozenset()
     constant_membership_calls = analysis.constant_membership_calls if analysis else frozenset()
+
     def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
         # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
         # the checker from typing the result as the literal's map(T, U)
