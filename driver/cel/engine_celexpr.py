@@ -13,8 +13,10 @@ rewrite_for_celexpr), each rewrite found and checked against the Go oracle:
 - has() on a non-map value is false; `x in [literals]` fails on a Semver (cel-go hashes it);
 - list indexOf()/lastIndexOf(), whose names cel-cpp's strings extension owns;
 - two-variable comprehensions (driver.cel.rewrite).
-Messages cannot carry Go's Quantity representation, so each evaluation remembers the Quantity
-objects it produced (see _seen) and add()/sub() results stay distinguishable.
+An evaluation that runs into cel-cpp's comprehension iteration budget (which Kubernetes does not
+have) is redone on the cel-python engine. Messages cannot carry Go's Quantity representation, so
+each evaluation remembers the Quantity objects it produced (see _seen) and add()/sub() results
+stay distinguishable.
 
 Evaluation is thread-safe (compiled cel-cpp programs are immutable; each call gets its own
 activation) but holds the GIL.
@@ -28,6 +30,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
+import structlog
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -41,6 +44,8 @@ from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.semver import Version
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, map_children
+
+log = structlog.get_logger(__name__)
 
 _FILE = "tessera/cel/kubernetes_types.proto"
 
@@ -440,8 +445,13 @@ def _compile_errors(err: Exception) -> list[tuple[int, int, str]]:
 
 
 class CelExprProgram:
-    def __init__(self, expression: Any) -> None:
+    def __init__(self, expression: Any, fallback: Callable[[], Any]) -> None:
         self._expression = expression
+        # cel-cpp stops comprehensions after an internal iteration budget that Kubernetes does not
+        # have (it only limits the cost, which compile_selector already bounded); such evaluations
+        # are redone on the cel-python engine, compiled on first need
+        self._fallback = fallback
+        self._fallback_program: Any = None
 
     def evaluate(self, device: DeviceView) -> object:
         cached = device._cache.get("celexpr")
@@ -451,11 +461,25 @@ class CelExprProgram:
         _seen.table = dict(cached.quantities)
         try:
             result = self._expression.eval(cached.activation)
-        except Exception as e:  # the binding raises for values it cannot convert
+        except Exception as e:  # the binding raises for values it cannot convert, and on the budget
+            if _ITERATION_BUDGET.search(str(e)):
+                return self._evaluate_without_budget(device, str(e))
             raise CelRuntimeError(str(e)) from e
         if result.type() == cel.Type.ERROR:
             raise CelRuntimeError(_runtime_message(str(result.value())))
         return _to_py(result.value())
+
+    def _evaluate_without_budget(self, device: DeviceView, message: str) -> object:
+        if self._fallback_program is None:
+            try:
+                self._fallback_program = self._fallback()
+            except CelCompileError:
+                raise CelRuntimeError(message) from None
+        log.debug("cel_iteration_budget_fallback", engine="celpy")
+        return self._fallback_program.evaluate(device)
+
+
+_ITERATION_BUDGET = re.compile(r"Iteration budget exceeded")
 
 
 def _runtime_message(text: str) -> str:
@@ -526,4 +550,9 @@ class CelExprEngine:
         except RuntimeError as e:
             _, _, message = _compile_errors(e)[0]
             raise CelCompileError(expression, 0, message) from None
-        return CelExprProgram(compiled)
+        def fallback() -> Any:
+            from driver.cel.engine_celpy import CelPyEngine
+
+            return CelPyEngine().compile(expression, ast, analysis)
+
+        return CelExprProgram(compiled, fallback)
