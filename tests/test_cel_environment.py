@@ -264,3 +264,10 @@ def test_list_attributes_need_the_feature_gate(engine: str) -> None:
         run(f"{A}.n == 1", engine, device_view(DRIVER, device))
     gated = device_view(DRIVER, device, list_type_attributes=True)
     assert run(f"{A}.ids.includes(2)", engine, gated) is True
+
+
+def test_non_string_expression_is_a_compile_error() -> None:
+    with pytest.raises(CelCompileError, match="must be a string, not int"):
+        compile_selector(42)  # type: ignore[arg-type]
+    with pytest.raises(CelCompileError, match="must be a string, not dict"):
+        compile_selector({"cel": "true"})  # type: ignore[arg-type]

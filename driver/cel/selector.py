@@ -130,6 +130,9 @@ _cache = _LRU(CACHE_SIZE)
 
 def compile_selector(expression: str, *, engine: str | None = None) -> CompiledSelector:
     """Compile a CEL device selector; raises CelCompileError where Kubernetes would reject it."""
+    if not isinstance(expression, str):
+        raise CelCompileError(repr(expression), 0, f"a selector expression must be a string, not "
+                                                   f"{type(expression).__name__}")
     name = engine_name(engine)
     key = (name, expression)
     cached = _cache.get(key)
