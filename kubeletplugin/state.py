@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ import structlog
 from driver.allocation import DRIVER_NAME, AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
 from driver.cdi import (
     SIMULATED_DEVICE_NUMBERS,
+    SPEC_PREFIX,
     CdiError,
     ContainerEdits,
     DeviceNode,
@@ -98,6 +100,7 @@ class RecoveryReport:
     orphan_specs_removed: list[str] = field(default_factory=list)
     orphan_migs_destroyed: list[str] = field(default_factory=list)
     orphan_mps_stopped: list[str] = field(default_factory=list)
+    temp_files_removed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
 
@@ -142,6 +145,8 @@ class DeviceState:
         self.store = CheckpointStore(state_dir)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # temp files older than this agent were left by a killed one (a write of its own is younger)
+        self._started = time.time()
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def _claim_lock(self, uid: str) -> threading.Lock:
@@ -486,6 +491,24 @@ class DeviceState:
                 if d.name not in entries:
                     self._cleanup(report, f"mps:{d.name}", functools.partial(self.mps.stop, d.name))
                     report.orphan_mps_stopped.append(d.name)
+        self._remove_stale_temp_files(report)
+
+    def _remove_stale_temp_files(self, report: RecoveryReport) -> None:
+        """Temp files of atomic writes a SIGKILL interrupted (another claim's thread was mid-write).
+
+        CDI loaders ignore them, but each one would stay forever. In the shared CDI dir only
+        tessera's own spec temp files are touched; files younger than this agent may belong to a
+        write in progress (the old pod of a rolling update), so they are left alone.
+        """
+        candidates = [*self.cdi_dir.glob(f".{SPEC_PREFIX}*.tmp"), *self.state_dir.glob(".*.tmp")]
+        for path in sorted(candidates):
+            try:
+                if path.stat().st_mtime >= self._started:
+                    continue
+            except FileNotFoundError:
+                continue
+            self._cleanup(report, f"tmp:{path}", functools.partial(path.unlink, missing_ok=True))
+            report.temp_files_removed.append(str(path))
 
     @staticmethod
     def _cleanup(report: RecoveryReport, what: str, action: Callable[[], object]) -> None:
