@@ -85,6 +85,17 @@ def free_port() -> int:
 # ---------------------------------------------------------------------------------------------
 # processes
 
+# Every process started in this interpreter, so a test session can make sure none outlives it.
+_STARTED: list[ManagedProcess] = []
+
+
+def stop_leftovers() -> list[str]:
+    """Stop every process this interpreter started that is still running; returns their names."""
+    left = [p for p in _STARTED if p.alive()]
+    for proc in reversed(left):
+        proc.stop()
+    return [p.name for p in left]
+
 
 @dataclass
 class ManagedProcess:
@@ -106,6 +117,7 @@ class ManagedProcess:
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})}, start_new_session=True, cwd=REPO,
             )
+        _STARTED.append(self)
         return self
 
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import REPO, Cluster, Kube, NodeAgent, NodeSpec, plugin_available
+from e2e.cluster import REPO, Cluster, Kube, NodeAgent, NodeSpec, plugin_available, stop_leftovers
 from e2e.workloads import delete_pods, ensure_namespace
 
 DGX = "e2e-dgx"
@@ -46,6 +46,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         cluster = _state["cluster"]
         item.add_report_section("call", "component logs", cluster.diagnostics())
         item.add_report_section("call", "work dir", str(cluster.work_dir))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    del session, exitstatus
+    left = stop_leftovers()
+    if left:
+        print(f"\ne2e: stopped components that were still running at the end of the session: {left}")
 
 
 @pytest.fixture(scope="session")

@@ -639,6 +639,8 @@ func claimsOf(req []*drav1.Claim, driver string) []preparedClaim {
 	return out
 }
 
+func ptrTo[T any](v T) *T { return &v }
+
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
@@ -728,6 +730,14 @@ func (k *kubelet) markRunning(ctx context.Context, pod *corev1.Pod, claims []pre
 		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+	}
+	st.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		st.Status.ContainerStatuses = append(st.Status.ContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptrTo(true),
+			ContainerID: "fake://" + string(pod.UID) + "/" + c.Name,
+			State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+		})
 	}
 	_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, st, metav1.UpdateOptions{})
 	return err
