@@ -73,6 +73,8 @@ def test_plugin_killed_during_prepare_is_retried_without_duplicate_specs(
     a100.start_plugin()
 
     running = wait_running(kube, namespace, "crash")
+    attempts = [e["event"] for e in a100.events() if e.get("pod") == f"{namespace}/crash"]
+    print(f"kubelet's view of the crashed prepare: {attempts}")
     uid = running.claim["metadata"]["uid"]
     assert claim_specs(a100, uid) == [f"{DRIVER}-claim_{uid}.json"], "exactly one CDI spec per claim"
     proc = subprocess.run([str(cluster.harness), "cdi", "validate", f"--spec-dir={a100.cdi_dir}"],

@@ -470,11 +470,14 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if len(pod.Spec.ResourceClaims) == 0 {
 		return k.markRunning(ctx, pod, nil)
 	}
+	// Like kubelet's claim cache: once prepared, later syncs of the pod (our own status update
+	// among them) do not call the plugin again. Only a restarted stand-in, which has lost this
+	// memory as kubelet loses its "prepared" flags, prepares running pods again.
 	k.mu.Lock()
-	done := k.prepared[pod.UID] != nil
+	done := k.prepared[pod.UID]
 	k.mu.Unlock()
-	if done && pod.Status.Phase == corev1.PodRunning {
-		return nil
+	if done != nil {
+		return k.markRunning(ctx, pod, done.claims)
 	}
 	claims, err := k.preparePod(ctx, pod)
 	if err != nil {
