@@ -21,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -554,7 +555,17 @@ class NodeAgent:
 
     @property
     def kubelet_dir(self) -> Path:
-        return self.work_dir / "kubelet"
+        """`<work dir>/kubelet`, or a short directory under /tmp linked there when the plugin's socket
+        paths would not fit the 108-byte limit of unix socket addresses (deep checkouts)."""
+        path = self.work_dir / "kubelet"
+        if path.is_symlink():
+            return path.resolve()
+        if len(str(path / "plugins_registry" / "gpu.tessera.dev-reg.sock")) <= 100 or path.exists():
+            return path
+        short = Path(tempfile.mkdtemp(prefix="tessera-kubelet-", dir="/tmp"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(short)
+        return path.resolve()
 
     @property
     def registry_dir(self) -> Path:

