@@ -104,6 +104,9 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = READ_TIMEOUT_S
     server_version = "tessera-webhook"
     sys_version = ""
+    # Headers and body leave in two writes; with Nagle on, the body waits for the apiserver's delayed
+    # ACK of the headers (~40 ms per review, measured by benchmarks.footprint).
+    disable_nagle_algorithm = True
 
     def setup(self) -> None:
         super().setup()
