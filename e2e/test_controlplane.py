@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
-from e2e.cluster import DRIVER, Cluster, Kube, KubeError
+from e2e.cluster import DRIVER, Cluster, Kube, KubeError, create_fake_node
 
 PROFILES = ["dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"]
 STRATEGIES = ["none", "static", "dynamic"]
@@ -61,3 +63,28 @@ def test_every_published_slice_is_accepted_by_the_apiserver(kube: Kube, profile:
             assert set(sent[dev["name"]].get("capacity", {})) == set(dev.get("capacity", {})), dev["name"]
             assert sent[dev["name"]].get("allowMultipleAllocations") == dev.get("allowMultipleAllocations"), dev["name"]
     assert not errors, f"{profile}/{strategy}: the apiserver rejected:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize(("profile", "strategy"), [("mixed", "static"), ("h100-16-mig", "dynamic")])
+def test_tessera_publish_once_stores_the_pool_and_cleanup_removes_it(
+    cluster: Cluster, kube: Kube, profile: str, strategy: str
+) -> None:
+    node = f"publish-{profile}"
+    create_fake_node(kube, node)
+    base = [sys.executable, "-m", "tessera", "publish", f"--kubeconfig={cluster.kubeconfig}", f"--node-name={node}",
+            f"--simulate={profile}", f"--mig-strategy={strategy}", "--once"]
+    try:
+        proc = subprocess.run(base, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        stored = kube.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
+        built = _build_slices(profile, strategy, node)
+        assert sorted(d["name"] for s in stored for d in s["spec"].get("devices", [])) == \
+            sorted(d["name"] for s in built for d in s["spec"].get("devices", []))
+        for s in stored:
+            assert s["spec"]["pool"]["resourceSliceCount"] == len(built)
+            assert [o["kind"] for o in s["metadata"].get("ownerReferences", [])] == ["Node"]
+        proc = subprocess.run([*base, "--cleanup"], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not kube.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
+    finally:
+        kube.delete("Node", node)
