@@ -23,12 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import requests
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -290,26 +292,42 @@ class Kube:
 
     def __init__(self, server: str, ca_file: Path, token: str = ADMIN_TOKEN) -> None:
         self.server = server
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
-        self.session.verify = str(ca_file)
-        # REQUESTS_CA_BUNDLE and proxy variables from the environment would override the cluster's CA.
-        self.session.trust_env = False
+        self.token = token
+        # Only the cluster's CA: CA-bundle and proxy variables of the environment must not apply.
+        self.ssl = ssl.create_default_context(cafile=str(ca_file))
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   urllib.request.HTTPSHandler(context=self.ssl))
         # `Warning:` headers of the last response (admission webhooks' warnings arrive this way).
         self.last_warnings: list[str] = []
 
     def request(self, method: str, path: str, body: Obj | None = None, *, params: dict[str, str] | None = None,
                 content_type: str = "application/json", timeout: float = 30.0) -> Obj:
-        resp = self.session.request(method, self.server + path, params=params, timeout=timeout,
-                                    data=json.dumps(body) if body is not None else None,
-                                    headers={"Content-Type": content_type})
-        self.last_warnings = [w.strip() for w in resp.headers.get("Warning", "").split(", 299 ") if w.strip()]
-        if resp.status_code >= 400:
-            raise KubeError(resp.status_code, method, path, resp.text)
-        if not resp.content:
+        url = self.server + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type,
+                                              "Accept": "application/json"})
+        try:
+            with self._opener.open(req, timeout=timeout) as resp:
+                status, headers, data = resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, headers, data = exc.code, exc.headers, exc.read()
+        self.last_warnings = [w.strip() for w in headers.get_all("Warning") or []]
+        if status >= 400:
+            raise KubeError(status, method, path, data.decode(errors="replace"))
+        if not data:
             return {}
-        result: Obj = resp.json()
+        result: Obj = json.loads(data)
         return result
+
+    def healthy(self, endpoint: str = "/readyz") -> bool:
+        """True when a health endpoint answers 200 ("ok" in plain text, not JSON)."""
+        req = urllib.request.Request(self.server + endpoint, headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with self._opener.open(req, timeout=5) as resp:
+                ok: bool = resp.status == 200
+                return ok
+        except urllib.error.HTTPError:
+            return False
 
     def get(self, kind: str, name: str, namespace: str = "") -> Obj:
         return self.request("GET", resource_path(kind, name, namespace))
@@ -463,8 +481,7 @@ class ControlPlane:
 
         def ready() -> bool:
             apiserver.check_alive()
-            resp = kube.session.get(self.server + "/readyz", timeout=5)
-            return resp.status_code == 200
+            return kube.healthy("/readyz")
 
         wait_for(ready, timeout=timeout, interval=0.5, what=f"kube-apiserver /readyz (log {apiserver.log_path})")
         self._write_kubeconfig()
