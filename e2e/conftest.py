@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import REPO, Cluster, Kube, NodeAgent, NodeSpec, plugin_available, stop_leftovers
+from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
+from e2e.kube import Kube
+from e2e.processes import REPO, stop_leftovers
 from e2e.workloads import delete_pods, ensure_namespace
 
 DGX = "e2e-dgx"

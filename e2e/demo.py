@@ -19,7 +19,8 @@ import sys
 import time
 from functools import partial
 
-from e2e.cluster import DRIVER, REPO, Cluster, ClusterError, NodeSpec, wait_for
+from e2e.cluster import DRIVER, Cluster, NodeSpec
+from e2e.processes import REPO, ClusterError, wait_for
 from e2e.workloads import (
     RunningPod,
     claim_spec,

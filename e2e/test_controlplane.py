@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import DRIVER, Cluster, Kube, KubeError, create_fake_node
+from e2e.cluster import DRIVER, Cluster, create_fake_node
+from e2e.kube import Kube, KubeError
 
 PROFILES = ["dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"]
 STRATEGIES = ["none", "static", "dynamic"]

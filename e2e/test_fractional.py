@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from e2e.cluster import DRIVER, Kube, NodeAgent
+from e2e.cluster import DRIVER, NodeAgent
+from e2e.kube import Kube
 from e2e.workloads import (
     GiB,
     claim_spec,

@@ -16,7 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.cluster import Cluster, Kube, NodeAgent, create_fake_node, wait_for
+from e2e.cluster import Cluster, NodeAgent, create_fake_node
+from e2e.kube import Kube
+from e2e.processes import wait_for
 from e2e.workloads import claim_spec, claim_template, delete_pods, pod, request, wait_running
 
 FAKE_DRIVER = "fake.e2e.tessera.dev"

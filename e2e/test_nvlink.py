@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from e2e.cluster import DRIVER, Kube, NodeAgent
+from e2e.cluster import DRIVER, NodeAgent
+from e2e.kube import Kube
 from e2e.workloads import claim_spec, claim_template, pod, request, slices_of, wait_running, wait_unschedulable
 
 

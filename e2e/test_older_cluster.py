@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import DRIVER, Cluster, KubeError, NodeSpec, plugin_available
+from e2e.cluster import DRIVER, Cluster, NodeSpec, plugin_available
+from e2e.kube import KubeError
 from e2e.workloads import claim_spec, claim_template, ensure_namespace, pod, request, slices_of, wait_running
 
 NODE = "e2e-old-a100"

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import DRIVER, REPO, Cluster
+from e2e.cluster import DRIVER, Cluster
+from e2e.processes import REPO
 
 CEL_CORPUS_DIR = REPO / "tests" / "cel"
 

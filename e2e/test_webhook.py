@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import DRIVER, Cluster, Kube, KubeError, NodeAgent
+from e2e.cluster import DRIVER, Cluster, NodeAgent
+from e2e.kube import Kube, KubeError
 from e2e.workloads import GiB, claim, claim_spec, consumed_memory, parse_quantity, pod, request, wait_running
 
 

@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import DRIVER, Cluster, Kube, NodeAgent, wait_for
+from e2e.cluster import DRIVER, Cluster, NodeAgent
+from e2e.kube import Kube
+from e2e.processes import wait_for
 from e2e.workloads import (
     claim_spec,
     claim_template,

@@ -10,7 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from e2e.cluster import DRIVER, PREPARED_ANNOTATION, ClusterError, Kube, KubeError, Obj, wait_for
+from e2e.cluster import DRIVER, PREPARED_ANNOTATION
+from e2e.kube import Kube, KubeError, Obj
+from e2e.processes import ClusterError, wait_for
 
 GiB = 1024**3
 
