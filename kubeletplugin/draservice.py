@@ -89,21 +89,28 @@ def check_claim(
     An allocation without a single device of this driver (in this node's pool, when `pool` is given)
     is refused too: answering "no devices" would start the pod without the GPUs it asked for.
     """
-    uid = str(claim.get("metadata", {}).get("uid", ""))
+    what = f"ResourceClaim {ref.namespace}/{ref.name}"
+    if not isinstance(claim, dict):
+        raise ClaimFailure(f"{what}: the apiserver answered a {type(claim).__name__}, not an object", "malformed")
+    uid = str(_object(claim, "metadata", what).get("uid", ""))
     if uid != ref.uid:
         raise ClaimFailure(
             f"ResourceClaim {ref.namespace}/{ref.name} has uid {uid or '<none>'} but kubelet asked for uid "
             f"{ref.uid}: the claim was deleted and re-created; nothing was prepared",
             "claim_replaced",
         )
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = _object(_object(claim, "status", what), "allocation", f"{what} status")
     if not allocation:
         raise ClaimFailure(
             f"ResourceClaim {ref.namespace}/{ref.name} is not allocated (status.allocation is empty); "
             "nothing was prepared",
             "not_allocated",
         )
-    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if isinstance(r, dict)]
+    results = _object(allocation, "devices", f"{what} status.allocation").get("results") or []
+    if not isinstance(results, list):
+        raise ClaimFailure(f"{what}: status.allocation.devices.results must be a list, got "
+                           f"{type(results).__name__}; nothing was prepared", "malformed")
+    results = [r for r in results if isinstance(r, dict)]
     mine = [r for r in results if r.get("driver") == driver_name]
     if not mine:
         others = sorted({str(r.get("driver")) for r in results}) or ["no driver at all"]
@@ -120,6 +127,17 @@ def check_claim(
             "delete it so it is scheduled again",
             "not_this_node",
         )
+
+
+def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """parent[key] as an object ({} when absent or null); anything else is a malformed claim."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ClaimFailure(f"{where}: {key} must be an object, got {type(value).__name__}; nothing was prepared",
+                           "malformed")
+    return value
 
 
 def base_request_names(names: Sequence[str]) -> list[str]:
