@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from driver.cel import compile_selector, device_view
+from driver.cel import DeviceView, compile_selector, device_view
 
 DRIVER = "gpu.tessera.dev"
 A = f'device.attributes["{DRIVER}"]'
@@ -24,8 +24,8 @@ SELECTORS = {
 }
 
 
-def devices(n: int) -> list:
-    out = []
+def devices(n: int) -> list[DeviceView]:
+    out: list[DeviceView] = []
     for i in range(n):
         mig = i % 4 == 3
         attrs = {"type": {"string": "mig" if mig else "gpu"},
@@ -40,7 +40,7 @@ def devices(n: int) -> list:
     return out
 
 
-def measure(engine: str, expression: str, views: list, budget_s: float) -> tuple[float, int]:
+def measure(engine: str, expression: str, views: list[DeviceView], budget_s: float) -> tuple[float, int]:
     selector = compile_selector(expression, engine=engine)
     for v in views[:10]:  # warm the per-device caches
         selector.evaluate(v)

@@ -129,9 +129,15 @@ class MemoryKubeAPI:
     def watch_resource_slices(
         self, resource_version: str, field_selector: str = "", timeout_seconds: int = 60
     ) -> Iterator[WatchEvent]:
+        # registered at the call, not at the first next(): changes made in between are not lost
         events: queue.Queue[WatchEvent] = queue.Queue()
         with self._lock:
             self._watchers.append(events)
+        return self._stream(events, field_selector, timeout_seconds)
+
+    def _stream(
+        self, events: queue.Queue[WatchEvent], field_selector: str, timeout_seconds: int
+    ) -> Iterator[WatchEvent]:
         try:
             while True:
                 try:

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -41,6 +41,9 @@ from kubeletplugin.plugin import PluginConfig, build_device_state
 from kubeletplugin.state import DeviceState
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
+
+if TYPE_CHECKING:
+    from e2e.kube import Kube
 
 NAMESPACE = "bench"
 SHARE = "10Gi"
@@ -118,6 +121,18 @@ class ClaimSource:
             meta = {**claim["metadata"], "uid": uid}
             api.add_claim({**claim, "metadata": meta, "status": {"allocation": allocation}})
             return uid
+
+        return cls(add)
+
+    @classmethod
+    def real(cls, kube: Kube) -> ClaimSource:
+        """Claims created in a real apiserver, allocated by writing status as the scheduler would."""
+
+        def add(claim: Obj, allocation: Obj) -> str:
+            meta = claim["metadata"]
+            created = kube.create(claim)
+            kube.patch_status("ResourceClaim", meta["name"], {"status": {"allocation": allocation}}, meta["namespace"])
+            return str(created["metadata"]["uid"])
 
         return cls(add)
 
@@ -287,7 +302,7 @@ class Bench:
     def latency(self, shape_name: str, count: int) -> ShapeResult:
         shape = SHAPES[shape_name]
         plugin = self.plugin(shape)
-        warm = self.claims(shape, 3)
+        warm = self.claims(shape, min(count, 3))
         for name, uid in warm:
             plugin.prepare(name, uid)
             plugin.unprepare(name, uid)
