@@ -281,8 +281,11 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # write/fsync errors (a full or read-only disk) name no file; say which one could not be written
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     _fsync_dir(path.parent)
 
@@ -314,6 +317,10 @@ def read_spec(cdi_dir: Path, claim_uid: str) -> dict[str, Any] | None:
 def remove_spec(cdi_dir: Path, claim_uid: str) -> bool:
     """Delete a claim's spec; True if a file was removed. A missing file is not an error."""
     path = spec_path(cdi_dir, claim_uid)
+    if not os.path.lexists(path):
+        # checked first: on a read-only mount unlink() of a missing file fails with EROFS, which would
+        # fail the rollback of a prepare that never got to write its spec
+        return False
     try:
         path.unlink()
     except FileNotFoundError:

@@ -164,6 +164,13 @@ class DeviceState:
             except (AllocationError, ConfigError, CdiError, ConflictError, MpsError, MigError, TimeSliceError) as exc:
                 bound.warning("prepare failed", error=str(exc))
                 return PrepareResult(error=str(exc))
+            except OSError as exc:
+                # the node's disk (full, read-only, failing): the claim fails alone and kubelet retries
+                where = f" ({exc.filename})" if exc.filename else ""
+                error = (f"cannot prepare claim {ref.namespace}/{ref.name}: {exc.strerror or exc}{where}; "
+                         "kubelet will retry")
+                bound.error("prepare failed", error=error)
+                return PrepareResult(error=error)
             except Exception as exc:
                 bound.exception("prepare failed unexpectedly")
                 return PrepareResult(error=f"internal error while preparing claim {ref.namespace}/{ref.name}: {exc!r}")
