@@ -41,6 +41,7 @@ def test_device_class_matching_no_device_is_admitted_with_a_warning(controller: 
     kube.create(device_class("b200.gpu.tessera.dev", f'device.driver == "{DRIVER}" && '
                              f'device.attributes["{DRIVER}"].productName == "NVIDIA B200"'), dry_run=True)
     assert kube.last_warnings, "no warning for a class that matches no device"
+    assert any("matches none" in w and "b200.gpu.tessera.dev" in w for w in kube.last_warnings), kube.last_warnings
 
 
 def test_a_total_across_two_cards_is_split_onto_distinct_cards(
