@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -149,8 +150,9 @@ class CheckpointStore:
     def _locked(self) -> Iterator[None]:
         with self._lock:
             if self._depth == 0:
-                self.state_dir.mkdir(parents=True, exist_ok=True)
-                lock_file = open(self.state_dir / "checkpoint.lock", "a")  # noqa: SIM115
+                self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+                fd = os.open(self.state_dir / "checkpoint.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                lock_file = os.fdopen(fd, "a")
                 fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
                 self._lock_file = lock_file
             self._depth += 1

@@ -147,6 +147,9 @@ def _make_dirs(paths: MpsPaths) -> None:
     # Containers run as arbitrary users and must create their client pipes and shm segments here.
     for d in (paths.root, paths.pipe_dir, paths.log_dir, paths.shm_dir):
         d.mkdir(parents=True, exist_ok=True)
+    # explicit modes: a permissive umask (000 in some runtimes) must not leave the log world-writable
+    for d in (paths.root.parent, paths.root, paths.log_dir):
+        os.chmod(d, 0o755)
     for d in (paths.pipe_dir, paths.shm_dir):
         os.chmod(d, 0o1777)
 
@@ -329,7 +332,7 @@ class FakeMpsControl:
         return data if isinstance(data, dict) else {}
 
     def _save(self, data: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         write_atomic(self.registry, json.dumps(data, sort_keys=True, indent=1).encode(), 0o600)
 
     def daemons(self) -> dict[str, MpsDaemon]:
@@ -346,7 +349,7 @@ class FakeMpsControl:
         _make_dirs(paths)
         (paths.pipe_dir / "control").touch()
         lines = control_commands(limits_mib, active_thread_percentage)
-        (paths.log_dir / "control.log").write_text("".join(f"{line}\n" for line in lines))
+        write_atomic(paths.log_dir / "control.log", "".join(f"{line}\n" for line in lines).encode(), 0o644)
         daemon = _daemon_record(paths, claim_uid, gpu_uuids, limits_mib, active_thread_percentage)
         with self._lock:
             data = self._load()

@@ -147,7 +147,9 @@ class DeviceState:
         self._locks_guard = threading.Lock()
         # temp files older than this agent were left by a killed one (a write of its own is younger)
         self._started = time.time()
-        state_dir.mkdir(parents=True, exist_ok=True)
+        # never group/world-writable, whatever the umask: a checkpoint someone else can replace
+        # would make recovery write CDI specs of their choosing
+        state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
 
     def _claim_lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
