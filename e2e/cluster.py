@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import json
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -83,8 +82,8 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
-    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.work_dir / "logs" / f"{name}.log").start()
+    def _start(self, name: str, argv: list[str], scratch: list[Path] | None = None) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.work_dir / "logs" / f"{name}.log", scratch=scratch or []).start()
         self.processes[name] = proc
         return proc
 
@@ -107,7 +106,7 @@ class ControlPlane:
         etcd_port, peer_port = free_port(), free_port()
         etcd = self._start("etcd", [str(self.harness), "etcd", f"--data-dir={etcd_dir}",
                                     f"--listen-client-url=http://127.0.0.1:{etcd_port}",
-                                    f"--listen-peer-url=http://127.0.0.1:{peer_port}"])
+                                    f"--listen-peer-url=http://127.0.0.1:{peer_port}"], scratch=[etcd_dir])
         wait_for(lambda: etcd.alive_and(lambda: "ready on" in etcd.log_path.read_text()),
                  timeout=60, what=f"etcd to be ready (log {etcd.log_path})")
 
@@ -179,10 +178,7 @@ class ControlPlane:
     def stop(self) -> None:
         for name in ("controller-manager", "scheduler", "apiserver", "etcd"):
             if name in self.processes:
-                self.processes[name].stop()
-        etcd_dir = getattr(self, "_etcd_dir", None)
-        if etcd_dir is not None:
-            shutil.rmtree(etcd_dir, ignore_errors=True)
+                self.processes[name].stop()  # etcd's stop removes its data dir
 
 
 # ---------------------------------------------------------------------------------------------

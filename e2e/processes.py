@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -70,10 +71,10 @@ _STARTED: list[ManagedProcess] = []
 
 def stop_leftovers() -> list[str]:
     """Stop every process this interpreter started that is still running; returns their names."""
-    left = [p for p in _STARTED if p.alive()]
-    for proc in reversed(left):
-        proc.stop()
-    return [p.name for p in left]
+    left = [p.name for p in _STARTED if p.alive()]
+    for proc in reversed(_STARTED):
+        proc.stop()  # also removes the scratch dirs of processes that already exited
+    return left
 
 
 @dataclass
@@ -85,6 +86,8 @@ class ManagedProcess:
     log_path: Path
     env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
+    # Throw-away directories of this process (etcd's data), removed once it has exited.
+    scratch: list[Path] = field(default_factory=list)
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +139,9 @@ class ManagedProcess:
         # Children that outlived the leader (none expected) must not outlive the session.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
+        if not self.alive():
+            for path in self.scratch:
+                shutil.rmtree(path, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill would."""
