@@ -40,14 +40,16 @@ NAMESPACE = "demo"
 NODES = [NodeSpec("demo-dgx", "dgx-h100-8", "dynamic"), NodeSpec("demo-a100", "a100-pcie-4", "static")]
 GiB = 1024**3
 
-# (pod, template, what it shows, claim spec)
+# (pod, what it shows, claim spec, node it is pinned to or None). The two shares are pinned to one
+# node so that the scheduler's first-fit puts them on the same card.
 EXAMPLES = [
-    ("whole-gpu", "Whole GPU", claim_spec(request())),
-    ("nvlink-pair", "2 GPUs on one NVLink island", claim_spec(request(count=2), same_island=True)),
-    ("share-10gi", "10 GiB memory share (MPS)", claim_spec(request(memory="10Gi"))),
-    ("share-10gi-b", "another 10 GiB share", claim_spec(request(memory="10Gi"))),
+    ("whole-gpu", "Whole GPU", claim_spec(request()), None),
+    ("nvlink-pair", "2 GPUs on one NVLink island", claim_spec(request(count=2), same_island=True), None),
+    ("share-10gi", "10 GiB memory share (MPS)", claim_spec(request(memory="10Gi")), "demo-a100"),
+    ("share-10gi-b", "another 10 GiB share", claim_spec(request(memory="10Gi")), "demo-a100"),
     ("mig-1g", "MIG 1g.10gb (dynamic)", claim_spec(request(
-        "gpu", device_class=f"mig.{DRIVER}", selectors=[f'device.attributes["{DRIVER}"].profile == "1g.10gb"']))),
+        "gpu", device_class=f"mig.{DRIVER}", selectors=[f'device.attributes["{DRIVER}"].profile == "1g.10gb"'])),
+     None),
 ]
 
 
@@ -143,11 +145,11 @@ def up() -> int:
             for d in s["spec"].get("devices", []):
                 if "memory" in d.get("capacity", {}):
                     memory_of[(node.name, d["name"])] = parse_quantity(d["capacity"]["memory"]["value"])
-    for name, _, spec in EXAMPLES:
+    for name, _, spec, pinned in EXAMPLES:
         kube.apply(claim_template(name, NAMESPACE, spec))
-        kube.apply(pod(name, NAMESPACE, template=name))
+        kube.apply(pod(name, NAMESPACE, template=name, node=pinned))
     rows, failures = [], []
-    for name, what, _ in EXAMPLES:
+    for name, what, _, _ in EXAMPLES:
         try:
             rows.append(_row(wait_running(kube, NAMESPACE, name, timeout=90), what, memory_of))
         except ClusterError as exc:
