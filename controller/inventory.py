@@ -131,6 +131,9 @@ class InventoryDevice:
         return device_view(self.driver, dict(self.spec))
 
 
+_LARGEST_MEMORY = ("largest_memory",)  # its key in DeviceIndex.shape_cache, apart from shape signatures
+
+
 @dataclass(frozen=True)
 class DeviceIndex:
     """Every device of the watched slices, in the scheduler's first-fit order."""
@@ -184,11 +187,16 @@ class DeviceIndex:
 
     def largest_memory(self) -> tuple[int, InventoryDevice] | None:
         """The device with the most `memory` capacity: no share larger than this can ever be placed."""
+        # a walk over every device: once per snapshot, not per review (~20 ms at 100,000 GPUs)
+        if _LARGEST_MEMORY in self.shape_cache:
+            cached: tuple[int, InventoryDevice] | None = self.shape_cache[_LARGEST_MEMORY]
+            return cached
         best: tuple[int, InventoryDevice] | None = None
         for dev in self.devices:
             mem = dev.memory
             if mem is not None and (best is None or mem > best[0]):
                 best = (mem, dev)
+        self.shape_cache[_LARGEST_MEMORY] = best
         return best
 
     def of_type(self, device_type: str) -> tuple[InventoryDevice, ...]:
