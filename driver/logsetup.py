@@ -11,6 +11,20 @@ import structlog
 LogFormat = Literal["auto", "json", "console"]
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the moment of writing.
+
+    Binding the stream object at configure time breaks when something later swaps sys.stderr
+    (test capture, a daemonizing parent): logs would go to a closed file and raise inside gRPC handlers.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     """Configure structlog once per process; `auto` picks console output only for a TTY on stderr."""
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -27,6 +41,6 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
