@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import socket
@@ -356,6 +357,7 @@ class Controller:
             self.process.stop()
 
 
+@functools.cache
 def controller_available() -> str:
     """Empty when `tessera controller` is implemented, else why not (the webhook scenarios skip)."""
     proc = subprocess.run([sys.executable, "-m", "tessera", "controller", "--help"], capture_output=True,
@@ -365,6 +367,7 @@ def controller_available() -> str:
     return ""
 
 
+@functools.cache
 def plugin_available() -> str:
     """Empty when `tessera kubelet-plugin` is implemented, else why not."""
     proc = subprocess.run([sys.executable, "-m", "tessera", "kubelet-plugin", "--help"], capture_output=True,
