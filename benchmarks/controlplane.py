@@ -9,20 +9,51 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from e2e.cluster import ControlPlane, create_fake_node, harness_path
 from e2e.kube import Kube, load_manifests
+from e2e.processes import ManagedProcess
 
 REPO = Path(__file__).resolve().parent.parent
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
+@dataclass
+class TunedControlPlane(ControlPlane):
+    """The e2e control plane with the scheduler's and controller-manager's client rate limits raised.
+
+    Their defaults (scheduler 50 QPS, controller-manager 20 QPS) cap DRA scheduling at about 10 pods/s
+    (each pod costs the claim controller a claim create and a pod status write); upstream's
+    scheduler_perf runs without such limits, so its figures compare with this one.
+    """
+
+    client_qps: int = 5000
+
+    def _start(self, name: str, argv: list[str], *args: Any, **kwargs: Any) -> ManagedProcess:
+        if name == "controller-manager":
+            argv = [*argv, f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={self.client_qps}"]
+        if name == "scheduler":
+            config = Path(next(a for a in argv if a.startswith("--config=")).split("=", 1)[1])
+            data = yaml.safe_load(config.read_text())
+            data["clientConnection"].update(qps=self.client_qps, burst=self.client_qps)
+            config.write_text(yaml.safe_dump(data))
+        return super()._start(name, argv, *args, **kwargs)
+
+
 @contextlib.contextmanager
-def control_plane() -> Iterator[ControlPlane]:
-    """A started control plane in a temp dir, with tessera's DeviceClasses applied; stopped afterwards."""
+def control_plane(*, client_qps: int | None = None) -> Iterator[ControlPlane]:
+    """A started control plane in a temp dir, with tessera's DeviceClasses applied; stopped afterwards.
+
+    `client_qps` raises the scheduler's and controller-manager's client rate limits (TunedControlPlane).
+    """
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-cp-"))
-    plane = ControlPlane(work, harness_path())
+    plane = ControlPlane(work, harness_path()) if client_qps is None else \
+        TunedControlPlane(work, harness_path(), client_qps=client_qps)
     try:
         kube = plane.start()
         for obj in load_manifests(REPO / "deviceclasses"):

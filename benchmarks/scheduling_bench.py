@@ -39,6 +39,7 @@ CASES = {
 @dataclass(frozen=True)
 class SchedulingResult:
     case: str
+    limits: str
     nodes: int
     gpus: int
     pods: int
@@ -89,7 +90,8 @@ def _clean(kube: Kube, timeout: float = 120.0) -> None:
     raise TimeoutError(f"pods or claims of {NAMESPACE} still there after {timeout:.0f} s")
 
 
-def measure(kube: Kube, case: str, pods: int, gpus: int, timeout: float = 300.0) -> SchedulingResult:
+def measure(kube: Kube, case: str, pods: int, *, gpus: int, nodes: int, limits: str,
+            timeout: float = 300.0) -> SchedulingResult:
     template = f"t-{abs(hash(case)) % 10_000}"
     kube.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": template, "namespace": NAMESPACE},
@@ -106,18 +108,18 @@ def measure(kube: Kube, case: str, pods: int, gpus: int, timeout: float = 300.0)
         time.sleep(0.1)
     seconds = time.perf_counter() - start
     _clean(kube)
-    return SchedulingResult(case, NODES, gpus, pods, seconds, created - start)
+    return SchedulingResult(case, limits, nodes, gpus, pods, seconds, created - start)
 
 
-def run(kube: Kube, pods: int, nodes: int = NODES) -> list[SchedulingResult]:
+def run(kube: Kube, pods: int, nodes: int = NODES, limits: str = "default") -> list[SchedulingResult]:
     controlplane.ensure_namespace(kube, NAMESPACE)
     gpus = publish_nodes(kube, nodes)
-    return [measure(kube, case, pods, gpus) for case in CASES]
+    return [measure(kube, case, pods, gpus=gpus, nodes=nodes, limits=limits) for case in CASES]
 
 
 def render(results: list[SchedulingResult]) -> str:
-    rows = [[r.case, r.nodes, r.gpus, r.pods, f"{r.create_seconds:.1f}", f"{r.seconds:.1f}",
+    rows = [[r.case, r.limits, r.nodes, r.gpus, r.pods, f"{r.create_seconds:.1f}", f"{r.seconds:.1f}",
              f"{r.pods_per_second:.1f}", UPSTREAM] for r in results]
     return "Scheduling with tessera's slices (real kube-scheduler, ResourceClaimTemplate per pod)\n" + table(
-        ["case", "nodes", "GPUs", "pods created", "create s", "create -> all bound s", "pods/s",
+        ["case", "client QPS limits", "nodes", "GPUs", "pods created", "create s", "create -> all bound s", "pods/s",
                   "upstream reference"], rows)
