@@ -6,7 +6,8 @@ Two kinds of kill, counted separately (docs/reliability.md reports both):
   reaches, which nothing in DeviceState catches, so the step is abandoned like a SIGKILL would
   abandon it. A fresh DeviceState over the same directories then runs recover(), kubelet's calls
   are replayed, and the node must match a run that never crashed. A restarted agent may be killed
-  again (during recovery or the replay), so chains of crashes are covered too.
+  again (during recovery or the replay), so chains of crashes are covered too, and a quarter of the
+  restarts follow a simulated reboot (CDI tmpfs wiped, MPS daemons and MIG instances gone).
 - real SIGKILLs: `tessera kubelet-plugin` as a process, started with TESSERA_CRASH_AT, driven over
   its real gRPC socket by the kubelet stand-in, killed, restarted, until kubelet's wishes are met.
 
@@ -185,10 +186,20 @@ def assert_consistent(state: DeviceState, prepared: dict[str, ClaimPlan]) -> Non
         assert leftovers == [], f"temporary files left in {d}"
 
 
+def reboot(base: Path) -> None:
+    """The node rebooted while the agent was down: /var/run/cdi is a tmpfs, MPS daemons and dynamic
+    MIG instances are gone and time-slice intervals are back to the default; the state dir stays."""
+    for spec in (base / "cdi").glob("*"):
+        spec.unlink()
+    for record in ("fake-mps.json", "mig-instances.json", "fake-timeslice.json"):
+        (base / "state" / record).unlink(missing_ok=True)
+
+
 @dataclass
 class Tally:
     kill_points: int = 0
     chains: int = 0
+    reboots: int = 0
     by_step: dict[str, int] = field(default_factory=dict)
 
 
@@ -215,6 +226,9 @@ def crash_scenario(root: Path, seed: int, target_step: str, tally: Tally) -> Non
         except Killed as killed:
             tally.kill_points += 1
             tally.by_step[str(killed)] = tally.by_step.get(str(killed), 0) + 1
+            if rng.random() < 0.25:
+                reboot(base)
+                tally.reboots += 1
             # restarted agent: maybe killed again (during recovery or the replay), half of the time
             again = CountingHook(rng.randint(1, 12) if rng.random() < 0.5 else 0)
             tally.chains += again.kill_at > 0
@@ -256,7 +270,8 @@ def test_random_kill_points_in_process(tmp_path: Path, monkeypatch: pytest.Monke
         step = ALL_STEPS[n % len(ALL_STEPS)]
         crash_scenario(tmp_path / f"s{n}", SEED + n, step, tally)
     print(f"in-process kill points survived: {tally.kill_points} in {IN_PROCESS_SCENARIOS} scenarios "
-          f"({tally.chains} restarts killed again); by step: {dict(sorted(tally.by_step.items()))}")
+          f"({tally.chains} restarts killed again, {tally.reboots} restarts after a reboot); "
+          f"by step: {dict(sorted(tally.by_step.items()))}")
     assert tally.kill_points >= 200
     assert set(tally.by_step) >= set(ALL_STEPS), "every crash step is exercised"
 
