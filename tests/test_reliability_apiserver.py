@@ -139,6 +139,9 @@ def outage(server: OutageApiServer, root: Path) -> None:
             time.sleep(1.0)
         assert list(plugin.cdi_dir.glob("*.json")) == [], "nothing was prepared for a claim it could not read"
         assert "publisher retrying" in http_get(port, "/healthz")[1]
+        # it backs off: a 30 s outage costs a handful of attempts (0.5 s doubling), not one per retry tick
+        failed_syncs = metric(http_get(port, "/metrics")[1], 'tessera_plugin_publisher_syncs_total{result="error"}')
+        assert 2 <= failed_syncs <= 15, failed_syncs
 
         server.start()
         expected = sorted(d["name"] for s in plugin_slices() for d in s["spec"].get("devices", []))
@@ -147,8 +150,9 @@ def outage(server: OutageApiServer, root: Path) -> None:
         assert answer.error == ""
         assert answer.devices[0]["cdi_device_ids"] == [f"gpu.tessera.dev/claim={uid(9)}-gpu-2"]
         wait_until(lambda: http_get(port, "/healthz")[1] == "ok (publisher synced)\n", "healthz to say synced")
-        print(f"outage {OUTAGE_S:.0f} s survived: {attempts} prepare attempts answered with a retryable error; "
-              f"slices published {converged:.1f} s after the apiserver returned")
+        print(f"outage {OUTAGE_S:.0f} s survived: {attempts} prepare attempts answered with a retryable error, "
+              f"{failed_syncs:.0f} publish attempts (backoff); slices published {converged:.1f} s after the "
+              "apiserver returned")
 
         # conflicting writers: another client edits and deletes tessera's slices, again and again
         restores = fight(server.fake)
@@ -157,6 +161,13 @@ def outage(server: OutageApiServer, root: Path) -> None:
         conn.close()
     finally:
         plugin.kill()
+
+
+def metric(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not in /metrics:\n{text}")
 
 
 def plugin_slices() -> list[dict[str, Any]]:
