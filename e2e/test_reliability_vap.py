@@ -78,7 +78,7 @@ def _retarget(expression: str) -> str:
 
 
 def _is_plugin_object(doc: dict[str, Any]) -> bool:
-    labels = doc.get("metadata", {}).get("labels", {})
+    labels: dict[str, str] = doc.get("metadata", {}).get("labels", {})
     return labels.get("app.kubernetes.io/component") == "kubelet-plugin"
 
 

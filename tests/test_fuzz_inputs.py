@@ -257,7 +257,9 @@ def test_grpc_bytes_that_are_not_protobuf(rig: Rig, payload: bytes, method: str)
     CASES["grpc raw bytes"] += 1
     channel = grpc.insecure_channel(f"unix:{rig.plugin.config.socket_paths.dra_socket}")
     try:
-        call = channel.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}")
+        # no serializers: the payload goes on the wire as it is
+        call = channel.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}",
+                                   request_serializer=None, response_deserializer=None)
         try:
             call(payload, timeout=10)
         except grpc.RpcError as err:  # refused as a bad message, never a crash or a hang

@@ -37,7 +37,7 @@ class OutageApiServer(FakeApiServer):
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.fake = fake
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: ThreadingHTTPServer | None = None  # type: ignore[assignment]  # None while down
 
     @property
     def url(self) -> str:
