@@ -166,6 +166,16 @@ class NodePlugin:
         if entry.error or not entry.devices:
             raise BenchmarkError(f"prepare of {NAMESPACE}/{name} failed: {entry.error or 'no devices'}")
 
+    def empty_calls(self, count: int) -> Summary:
+        """Latency of NodePrepareResources with no claims: the floor of any call over this socket."""
+        samples = []
+        for i in range(count + 3):
+            t0 = time.perf_counter()
+            self.stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[]), timeout=45)
+            if i >= 3:
+                samples.append((time.perf_counter() - t0) * 1000)
+        return summarize(samples)
+
     def unprepare(self, name: str, uid: str) -> None:
         resp = self.stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(
             claims=[v1.Claim(namespace=NAMESPACE, name=name, uid=uid)]), timeout=45)
@@ -270,6 +280,8 @@ class PrepareReport:
     api_kind: str
     shapes: list[ShapeResult] = field(default_factory=list)
     throughput: list[ThroughputResult] = field(default_factory=list)
+    # the same call with no claims: gRPC over the socket plus DraService's batch handling, no claim work
+    empty_call: Summary | None = None
 
 
 class Bench:
@@ -380,6 +392,7 @@ def run(api: KubeAPI, source: ClaimSource, api_kind: str, *, claims: int, node_p
     bench = Bench(api, source, node_prefix)
     report = PrepareReport(api_kind)
     try:
+        report.empty_call = bench.plugin(SHAPES["whole GPU"]).empty_calls(max(claims, 10))
         for shape_name, shape in SHAPES.items():
             if nodes is not None:
                 nodes(bench.plugin(shape).node)
@@ -413,6 +426,10 @@ def render(report: PrepareReport, floor: Summary | None) -> str:
     if floor is not None:
         headers.append(f"own / fsync floor ({floor.p50:.2f} ms)")
     lines.append(table(headers, rows))
+    if report.empty_call is not None:
+        e = report.empty_call
+        lines.append(f"\nReference: NodePrepareResources with no claims over the same socket (gRPC + service): "
+                     f"p50 {e.p50:.2f} ms, p99 {e.p99:.2f} ms.")
     lines.append("")
     lines.append("Where a prepare + unprepare spends its time (mean ms per claim, instrumented pass)")
     labels = sorted({label for r in report.shapes for label in r.steps_ms})

@@ -98,7 +98,7 @@ def measure(kube: Kube, case: str, pods: int, *, gpus: int, nodes: int, limits: 
                 "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": CASES[case]}]}}}})
     names = [f"p-{i:04d}" for i in range(pods)]
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda n: kube.create(_pod(n, template)), names))
     created = time.perf_counter()
     deadline = time.monotonic() + timeout

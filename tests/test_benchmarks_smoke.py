@@ -78,7 +78,8 @@ def test_prepare_benchmark_covers_every_shape_and_restores_the_patched_steps() -
     assert [t.concurrency for t in report.throughput] == [1, 2]
     assert CheckpointStore.save is original_save
     text = prepare_bench.render(report, summarize([1.0]))
-    assert "own / fsync floor" in text
+    assert "own / fsync floor" in text and "with no claims" in text
+    assert report.empty_call is not None and report.empty_call.n >= 2
 
 
 def test_a_failed_prepare_stops_the_benchmark_with_the_plugins_error() -> None:
