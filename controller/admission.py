@@ -131,7 +131,7 @@ def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> V
         patch.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": result.annotation()})
     else:
         patch.append({"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: result.annotation()}})
-    return Verdict(True, warnings=result.warnings, patch=tuple(patch), kind=kind)
+    return Verdict(True, patch=tuple(patch), kind=kind)
 
 
 def _claim_spec(obj: Obj, kind: str) -> tuple[Any, str]:

@@ -1,4 +1,4 @@
-"""The multi-card rewrite: "N GiB across M cards" becomes M per-card requests the scheduler understands.
+"""The multi-card rewrite: "N GiB across M cards" becomes one request of M shares of N/M each.
 
 What the user writes (a ResourceClaim or the spec of a ResourceClaimTemplate):
 
@@ -15,30 +15,36 @@ What the user writes (a ResourceClaim or the spec of a ResourceClaimTemplate):
 What the mutating webhook turns it into:
 
     requests:
-    - {name: gpus-0, exactly: {deviceClassName: gpu.tessera.dev, count: 1, capacity: {requests: {memory: 4Gi}}}}
-    - {name: gpus-1, exactly: {deviceClassName: gpu.tessera.dev, count: 1, capacity: {requests: {memory: 4Gi}}}}
+    - {name: gpus, exactly: {deviceClassName: gpu.tessera.dev, count: 2, capacity: {requests: {memory: 4Gi}}}}
     constraints:
-    - {requests: [gpus-0, gpus-1], distinctAttribute: gpu.tessera.dev/uuid}
-    - {requests: [gpus-0, gpus-1], matchAttribute: gpu.tessera.dev/nvlinkIsland}
+    - {requests: [gpus], distinctAttribute: gpu.tessera.dev/uuid}
+    - {requests: [gpus], matchAttribute: gpu.tessera.dev/nvlinkIsland}
     config:
-    - requests: [gpus-0, gpus-1]
+    - requests: [gpus]
       opaque: {driver: gpu.tessera.dev, parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig}}
 
-Why M separate requests and not one request with count M: in Kubernetes 1.36 `distinctAttribute`
-remembers one value per request name (dra-api.md §4.1), so the M shares of a single request could all
-land on the same card. M requests of count 1, tied by `distinctAttribute` on the GPU uuid, land on M
-different cards; `matchAttribute` on nvlinkIsland keeps them on one NVLink island; pools are per node,
-so all of them are on one node. Every other reference to the old name (constraints and config
-`requests`) is rewritten to the new names. `totalMemory`/`sameNVLinkIsland` are removed from the
-config because the requests and constraints now carry them; the annotation
-`gpu.tessera.dev/multi-card` records the original ask. The rewrite is idempotent: a request that
-already names `capacity.requests.memory` is never rewritten again.
+Why one request with count M: the scheduler's allocator fills the M slots of one request with M
+different devices (each slot starts its search after the device the previous slot took), and a
+multi-allocatable GPU is one device however many shares it has left. Against kube-scheduler 1.36.3
+(e2e/test_multicard.py) such a request lands on M distinct cards for M = 2, 3, 4 and 8, and stays
+Pending rather than doubling up when only one card is free. Keeping the request as written means
+containers that name it in `resources.claims[].request` and config entries that name it stay valid.
+
+The `distinctAttribute` on the GPU uuid is belt and braces: the allocator does not need it for one
+request today, but it states the intent in the stored claim and keeps the M shares apart should a
+later allocator treat the slots of a request differently (two SEPARATE requests of one claim may
+share a card, which is what the constraint forbids). `matchAttribute` on nvlinkIsland keeps the
+cards on one NVLink island; pools are per node, so all of them are on one node. A constraint the
+claim already has is not added twice. `totalMemory`/`sameNVLinkIsland` are removed from the config
+because the request and constraints now carry them, which also makes the rewrite idempotent; the
+annotation `gpu.tessera.dev/multi-card` records the original ask.
 
 Rules: the per-card share N/M must be a whole number of GiB (otherwise the two nearest valid totals
 are offered); `count: 1` with totalMemory becomes a single share of N; `allocationMode: All` and a
-request that also names `capacity.requests.memory` are rejected; inside `firstAvailable` only count 1
-(a single share) and `sameNVLinkIsland` are supported, because splitting an alternative into several
-subrequests would turn "one of" into "all of".
+request that also names `capacity.requests` are rejected. Inside `firstAvailable` a subrequest is
+rewritten the same way, in place, with constraints naming `<request>/<subrequest>` (the apiserver
+accepts such references and the allocator applies them only when that alternative is chosen), so
+"one of" stays "one of".
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from controller.configchecks import DecodedConfig, decode_configs
@@ -56,33 +62,41 @@ GiB = 1 << 30
 ANNOTATION = f"{DRIVER}/multi-card"
 UUID_ATTRIBUTE = f"{DRIVER}/uuid"
 ISLAND_ATTRIBUTE = f"{DRIVER}/nvlinkIsland"
-MAX_NAME = 63  # request names are DNS labels
+MAX_CONSTRAINTS = 32  # spec.devices.constraints, as the apiserver validates it
 
 Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """What happened to one request."""
+    """What happened to one request or subrequest."""
 
     request: str  # "gpus" or "accel/full"
-    cards: int
+    cards: int  # 0: allocationMode All (island constraint only)
     per_card: str  # quantity, "" when only an island constraint was added
     same_island: bool
-    new_names: tuple[str, ...]
     total: str = ""
 
     def describe(self) -> str:
         island = ", all on one NVLink island" if self.same_island else ""
-        if self.per_card and len(self.new_names) > 1:
+        if self.per_card and self.cards > 1:
             return (
-                f'request "{self.request}" ({self.total} across {self.cards} cards) becomes '
-                f"{len(self.new_names)} requests {', '.join(self.new_names)} of {self.per_card} each on "
-                f"distinct GPUs{island}"
+                f'request "{self.request}" ({self.total} across {self.cards} cards) asks for {self.per_card} '
+                f"on each of {self.cards} distinct GPUs{island}"
             )
         if self.per_card:
             return f'request "{self.request}" becomes a share of {self.per_card} of one GPU'
-        return f'request "{self.request}" keeps its {self.cards} devices on one NVLink island'
+        devices = f"its {self.cards} devices" if self.cards else "all its devices"
+        return f'request "{self.request}" keeps {devices} on one NVLink island'
+
+    def constraints(self) -> list[Obj]:
+        """The constraints that carry the ask: distinct cards for M shares, one island when asked."""
+        out: list[Obj] = []
+        if self.per_card and self.cards > 1:
+            out.append({"requests": [self.request], "distinctAttribute": UUID_ATTRIBUTE})
+        if self.same_island:
+            out.append({"requests": [self.request], "matchAttribute": ISLAND_ATTRIBUTE})
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,6 @@ class RewriteResult:
     spec: Obj  # the rewritten ResourceClaimSpec (a copy; the input is never modified)
     rewrites: tuple[Rewrite, ...] = ()
     findings: tuple[Finding, ...] = ()  # errors: the claim must be rejected
-    warnings: tuple[str, ...] = field(default=())
 
     @property
     def changed(self) -> bool:
@@ -100,7 +113,7 @@ class RewriteResult:
         return json.dumps(
             {
                 r.request: {"totalMemory": r.total, "cards": r.cards, "perCard": r.per_card,
-                            "sameNVLinkIsland": r.same_island, "requests": list(r.new_names)}
+                            "sameNVLinkIsland": r.same_island}
                 for r in self.rewrites
             },
             sort_keys=True,
@@ -142,111 +155,70 @@ def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bo
     if not carrying:
         return RewriteResult(out)
 
-    findings: list[Finding] = []
-    rewrites: list[Rewrite] = []
-    renames: dict[str, tuple[str, ...]] = {}
-    constraints: list[Obj] = []
-    new_requests: list[Any] = []
-    existing = {str(r.get("name")) for r in devices["requests"] if isinstance(r, dict)}
-
-    def effective(name: str) -> tuple[DecodedConfig | None, DecodedConfig | None]:
-        total = island = None
+    def effective(name: str) -> tuple[DecodedConfig | None, bool]:
+        total: DecodedConfig | None = None
+        island = False
         for c in configs:  # later entries win, as when the node agent merges them
             if config_applies(c.requests, name):
                 if c.config.sharing.total_memory:
                     total = c
                 if c.config.sharing.same_nvlink_island is not None:
-                    island = c
+                    island = c.config.sharing.same_nvlink_island
         return total, island
 
+    findings: list[Finding] = []
+    rewrites: list[Rewrite] = []
     for i, request in enumerate(devices["requests"]):
         if not isinstance(request, dict):
-            new_requests.append(request)
             continue
         name = str(request.get("name", ""))
         rpath = f"{path}.devices.requests[{i}]"
-        body = request.get("exactly")
-        if isinstance(body, dict):
+        # (reference, body, field path): the body is edited in place, inside the copy `out`.
+        bodies: list[tuple[str, Obj, str]] = []
+        if isinstance(request.get("exactly"), dict):
+            bodies.append((name, request["exactly"], f"{rpath}.exactly"))
+        if isinstance(request.get("firstAvailable"), list):
+            bodies.extend(
+                (f"{name}/{sub.get('name', '')}", sub, f"{rpath}.firstAvailable[{j}]")
+                for j, sub in enumerate(request["firstAvailable"])
+                if isinstance(sub, dict)
+            )
+        for ref, body, bpath in bodies:
             if not targets_tessera(str(body.get("deviceClassName", ""))):
-                new_requests.append(request)
                 continue
-            total_cfg, island_cfg = effective(name)
-            same_island = bool(island_cfg and island_cfg.config.sharing.same_nvlink_island)
+            total_cfg, same_island = effective(ref)
             if total_cfg is None:
-                new_requests.append(request)
                 if same_island and _multi(body):
-                    constraints.append({"requests": [name], "matchAttribute": ISLAND_ATTRIBUTE})
-                    rewrites.append(Rewrite(name, _count(body), "", True, (name,)))
+                    cards = 0 if body.get("allocationMode") == "All" else _count(body)
+                    rewrites.append(Rewrite(ref, cards, "", True))
                 continue
-            result = _split(name, body, f"{rpath}.exactly", total_cfg, same_island=same_island, existing=existing)
+            result = _share(ref, body, bpath, total_cfg, same_island=same_island)
             if isinstance(result, Finding):
                 findings.append(result)
-                new_requests.append(request)
                 continue
-            parts, rewrite = result
-            if len(parts) == 1:
-                new_requests.append({**request, "exactly": parts[0][1]})
-            else:
-                new_requests.extend({"name": n, "exactly": b} for n, b in parts)
-                renames[name] = rewrite.new_names
-                constraints.append({"requests": list(rewrite.new_names), "distinctAttribute": UUID_ATTRIBUTE})
-                if same_island:
-                    constraints.append({"requests": list(rewrite.new_names), "matchAttribute": ISLAND_ATTRIBUTE})
-            rewrites.append(rewrite)
-            continue
-        subs = request.get("firstAvailable")
-        if isinstance(subs, list):
-            updated = copy.deepcopy(request)
-            for j, sub in enumerate(updated["firstAvailable"]):
-                if not isinstance(sub, dict) or not targets_tessera(str(sub.get("deviceClassName", ""))):
-                    continue
-                ref = f"{name}/{sub.get('name', '')}"
-                total_cfg, island_cfg = effective(ref)
-                same_island = bool(island_cfg and island_cfg.config.sharing.same_nvlink_island)
-                spath = f"{rpath}.firstAvailable[{j}]"
-                if total_cfg is not None:
-                    if _multi(sub):
-                        findings.append(
-                            error(
-                                spath,
-                                f'subrequest "{ref}" asks for {_count(sub)} cards with sharing.totalMemory '
-                                f"({total_cfg.path}.sharing.totalMemory), which tessera cannot rewrite inside "
-                                "firstAvailable: splitting one alternative into several requests would make them "
-                                "all required. Move the multi-card ask to its own `exactly` request (or its own "
-                                "claim), or give this subrequest capacity.requests.memory per card",
-                            )
-                        )
-                        continue
-                    result = _split(ref, sub, spath, total_cfg, same_island=False, existing=existing)
-                    if isinstance(result, Finding):
-                        findings.append(result)
-                        continue
-                    parts, rewrite = result
-                    updated["firstAvailable"][j] = {**parts[0][1], "name": sub.get("name")}
-                    rewrites.append(rewrite)
-                elif same_island and _multi(sub):
-                    constraints.append({"requests": [ref], "matchAttribute": ISLAND_ATTRIBUTE})
-                    rewrites.append(Rewrite(ref, _count(sub), "", True, (ref,)))
-            new_requests.append(updated)
-            continue
-        new_requests.append(request)
+            body["count"] = result.cards
+            body["capacity"] = {"requests": {"memory": result.per_card}}
+            rewrites.append(result)
 
     if findings:
         return RewriteResult(copy.deepcopy(spec), (), tuple(findings))
     if not rewrites:
         return RewriteResult(out)
-    devices["requests"] = new_requests
-    devices["constraints"] = [_renamed_refs(c, renames) for c in devices.get("constraints") or []] + constraints
-    devices["config"] = [_renamed_refs(_stripped(c), renames) for c in devices.get("config") or []]
+    constraints = list(devices.get("constraints") or [])
+    for rewrite in rewrites:
+        constraints.extend(c for c in rewrite.constraints() if c not in constraints)
+    if len(constraints) > MAX_CONSTRAINTS:
+        return RewriteResult(copy.deepcopy(spec), (), (error(
+            f"{path}.devices.constraints",
+            f"the multi-card rewrite needs {len(constraints)} constraints, more than the {MAX_CONSTRAINTS} a "
+            "claim may have; split the claim, or drop constraints that repeat what sharing.totalMemory and "
+            "sameNVLinkIsland already ask for",
+        ),))
+    devices["constraints"] = constraints
+    devices["config"] = [_stripped(c) for c in devices.get("config") or []]
     if not devices["config"]:
         del devices["config"]
-    warnings = tuple(
-        f'{r.describe()}; a container that names request "{r.request}" in resources.claims[].request must '
-        "name the claim alone instead"
-        for r in rewrites
-        if len(r.new_names) > 1
-    )
-    return RewriteResult(out, tuple(rewrites), (), warnings)
+    return RewriteResult(out, tuple(rewrites))
 
 
 def _count(body: Mapping[str, Any]) -> int:
@@ -258,9 +230,8 @@ def _multi(body: Mapping[str, Any]) -> bool:
     return body.get("allocationMode") == "All" or _count(body) >= 2
 
 
-def _split(
-    name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: bool, existing: set[str]
-) -> tuple[list[tuple[str, Obj]], Rewrite] | Finding:
+def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: bool) -> Rewrite | Finding:
+    """Check that `body` can carry sharing.totalMemory and say how: N/M per card on M cards."""
     total_text = str(cfg.config.sharing.total_memory)
     total_path = f"{cfg.path}.sharing.totalMemory"
     if body.get("allocationMode") == "All":
@@ -269,7 +240,8 @@ def _split(
             f'request "{name}" uses allocationMode All, but sharing.totalMemory ({total_path}) spreads memory '
             "over a known number of cards: use allocationMode ExactCount with count: <number of cards>",
         )
-    requested = ((body.get("capacity") or {}).get("requests") or {}) if isinstance(body.get("capacity"), dict) else {}
+    capacity = body.get("capacity")
+    requested = capacity.get("requests") if isinstance(capacity, dict) else None
     if requested:
         return error(
             f"{path}.capacity.requests",
@@ -289,40 +261,11 @@ def _split(
             f"{total_text} across {cards} cards is not a whole number of GiB per card; nearest valid "
             f"totals: {nearest}",
         )
-    per_card = fmt_bytes(total // cards)
-    share = {k: v for k, v in body.items() if k not in ("count", "capacity")}
-    share["count"] = 1
-    share["capacity"] = {"requests": {"memory": per_card}}
-    if cards == 1:
-        return [(name, share)], Rewrite(name, 1, per_card, False, (name,), total_text)
-    names = tuple(f"{name}-{k}" for k in range(cards))
-    clash = [n for n in names if n in existing]
-    if clash:
-        return error(
-            f"{path}",
-            f'request "{name}" would be split into {", ".join(names)}, but this claim already has a request '
-            f'named "{clash[0]}"; rename that request',
-        )
-    if len(names[-1]) > MAX_NAME:
-        return error(
-            f"{path}",
-            f'request name "{name}" is too long to split into "{names[-1]}" (at most {MAX_NAME} characters); '
-            "shorten it",
-        )
-    return [(n, copy.deepcopy(share)) for n in names], Rewrite(name, cards, per_card, same_island, names, total_text)
-
-
-def _renamed_refs(entry: Any, renames: Mapping[str, tuple[str, ...]]) -> Any:
-    if not isinstance(entry, dict) or not isinstance(entry.get("requests"), list) or not renames:
-        return entry
-    refs: list[str] = []
-    for ref in entry["requests"]:
-        refs.extend(renames.get(str(ref), (ref,)))
-    return {**entry, "requests": refs}
+    return Rewrite(name, cards, fmt_bytes(total // cards), same_island and cards > 1, total_text)
 
 
 def _stripped(entry: Any) -> Any:
-    """The config entry without totalMemory/sameNVLinkIsland (now carried by requests and constraints)."""
+    """The config entry without totalMemory/sameNVLinkIsland (now carried by the request and constraints)."""
     if not isinstance(entry, dict):
         return entry
     opaque = entry.get("opaque")
@@ -351,7 +294,8 @@ def pending_findings(spec: Obj, path: str, targets_tessera: Callable[[str], bool
                 _request_path(spec, path, r.request),
                 f"needs tessera's mutating webhook (/mutate-resourceclaim) to rewrite it ({r.describe()}), and that "
                 "did not happen, so the scheduler would ignore sharing.totalMemory/sameNVLinkIsland; install the "
-                "MutatingWebhookConfiguration of the tessera chart, or write the per-card requests yourself",
+                "MutatingWebhookConfiguration of the tessera chart, or write capacity.requests.memory per card "
+                "and the constraints yourself",
             )
         )
     return findings

@@ -167,10 +167,14 @@ def test_mutation_rewrites_multicard_claim_with_a_json_patch(handler):
     response = body["response"]
     assert response["allowed"] is True and response["patchType"] == "JSONPatch"
     patched = apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
-    assert [r["name"] for r in patched["spec"]["devices"]["requests"]] == ["gpus-0", "gpus-1"]
+    [gpus] = patched["spec"]["devices"]["requests"]
+    assert gpus["name"] == "gpus" and gpus["exactly"]["count"] == 2
+    assert gpus["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
+    assert patched["spec"]["devices"]["constraints"] == [
+        {"requests": ["gpus"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
     assert json.loads(patched["metadata"]["annotations"]["gpu.tessera.dev/multi-card"])["gpus"]["perCard"] == "4Gi"
     assert verdict.outcome == "mutated"
-    assert any("gpus-0, gpus-1" in w for w in response["warnings"])
+    assert "warnings" not in response  # the request keeps its name: nothing for containers to change
     # what the validating webhook then sees is clean
     body, _ = handler.review("/validate-resourceclaim", review(patched))
     assert body["response"]["allowed"] is True
@@ -191,7 +195,8 @@ def test_mutation_of_a_template_patches_spec_spec(handler):
     patch = json.loads(base64.b64decode(body["response"]["patch"]))
     assert patch[0]["path"] == "/spec/spec/devices"
     patched = apply_patch(obj, patch)
-    assert len(patched["spec"]["spec"]["devices"]["requests"]) == 2
+    [gpus] = patched["spec"]["spec"]["devices"]["requests"]
+    assert gpus["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
 
 
 def test_mutation_denies_a_total_that_does_not_divide(handler):
