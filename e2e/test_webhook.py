@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -44,22 +45,30 @@ def test_device_class_matching_no_device_is_admitted_with_a_warning(controller: 
     assert any("matches none" in w and "b200.gpu.tessera.dev" in w for w in kube.last_warnings), kube.last_warnings
 
 
-def test_a_total_across_two_cards_is_split_onto_distinct_cards(
+def test_a_total_across_two_cards_lands_on_distinct_cards_under_the_request_the_user_named(
     controller: Cluster, dgx: NodeAgent, namespace: str
 ) -> None:
-    """"8 GiB across 2 cards": the mutating webhook writes two 4 GiB requests, the scheduler puts them on two cards."""
+    """"8 GiB across 2 cards": the mutating webhook asks for 4 GiB on each of the request's two devices."""
     kube = controller.kube
     config = [{"requests": ["gpus"], "opaque": {"driver": DRIVER, "parameters": {
         "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": {"totalMemory": "8Gi"}}}}]
     stored = kube.create(claim("spread", namespace, claim_spec(request("gpus", count=2), config=config)))
-    requests = stored["spec"]["devices"]["requests"]
-    assert len(requests) == 2, requests
-    for r in requests:
-        assert r["exactly"]["count"] == 1
-        assert parse_quantity(r["exactly"]["capacity"]["requests"]["memory"]) == 4 * GiB
-    kube.create(pod("spread", namespace, claim_name="spread", node=dgx.name))
+    devices = stored["spec"]["devices"]
+    [gpus] = devices["requests"]
+    assert gpus["name"] == "gpus" and gpus["exactly"]["count"] == 2
+    assert parse_quantity(gpus["exactly"]["capacity"]["requests"]["memory"]) == 4 * GiB
+    assert devices["constraints"] == [{"requests": ["gpus"], "distinctAttribute": f"{DRIVER}/uuid"}]
+    assert "totalMemory" not in json.dumps(devices["config"])
+    assert json.loads(stored["metadata"]["annotations"][f"{DRIVER}/multi-card"]) == {
+        "gpus": {"totalMemory": "8Gi", "cards": 2, "perCard": "4Gi", "sameNVLinkIsland": False}}
+    assert not kube.last_warnings, kube.last_warnings
+
+    # A container may keep naming the request: the allocation results carry that same name.
+    spread = pod("spread", namespace, claim_name="spread", node=dgx.name)
+    spread["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu", "request": "gpus"}]
+    kube.create(spread)
     running = wait_running(kube, namespace, "spread")
-    assert len(running.results) == 2
+    assert [r["request"] for r in running.results] == ["gpus", "gpus"]
     assert len(set(running.devices)) == 2, "the two 4 GiB halves must be on different cards"
     for r in running.results:
         assert r.get("shareID") and consumed_memory(r) == 4 * GiB
