@@ -204,7 +204,11 @@ def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bo
         return RewriteResult(copy.deepcopy(spec), (), tuple(findings))
     if not rewrites:
         return RewriteResult(out)
-    constraints = list(devices.get("constraints") or [])
+    existing = devices.get("constraints")
+    if existing is not None and not isinstance(existing, list):
+        return RewriteResult(copy.deepcopy(spec), (), (error(
+            f"{path}.devices.constraints", f"must be a list of constraints, got {type(existing).__name__}"),))
+    constraints = list(existing or [])
     for rewrite in rewrites:
         constraints.extend(c for c in rewrite.constraints() if c not in constraints)
     if len(constraints) > MAX_CONSTRAINTS:

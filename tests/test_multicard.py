@@ -259,6 +259,16 @@ def test_rewrite_that_reaches_exactly_the_constraint_limit_is_accepted():
     assert not result.findings and len(result.spec["devices"]["constraints"]) == 32
 
 
+def test_constraints_that_are_not_a_list_are_rejected_instead_of_replaced():
+    spec = spec_with(2, "8Gi")
+    spec["devices"]["constraints"] = {"requests": ["gpus"]}
+    result = rewrite_claim_spec(spec, "spec", ours)
+    [finding] = result.findings
+    assert finding.path == "spec.devices.constraints"
+    assert finding.message == "must be a list of constraints, got dict"
+    assert not result.changed and result.spec == spec
+
+
 def test_requests_of_other_drivers_classes_are_left_alone():
     spec = spec_with(2, "8Gi")
     spec["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nic.example.com"
