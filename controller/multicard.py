@@ -32,10 +32,11 @@ containers that name it in `resources.claims[].request` and config entries that 
 
 The `distinctAttribute` on the GPU uuid is belt and braces: the allocator does not need it for one
 request today, but it states the intent in the stored claim and keeps the M shares apart should a
-later allocator treat the slots of a request differently (two SEPARATE requests of one claim may
-share a card, which is what the constraint forbids). `matchAttribute` on nvlinkIsland keeps the
-cards on one NVLink island; pools are per node, so all of them are on one node. A constraint the
-claim already has is not added twice. `totalMemory`/`sameNVLinkIsland` are removed from the config
+later allocator fill the slots of a request the way it fills separate requests, which do share a
+card when nothing forbids it (also shown in e2e/test_multicard.py). `matchAttribute` on
+nvlinkIsland keeps the cards on one NVLink island; pools are per node, so all of them are on one
+node. A constraint the claim already has is not added twice; more than 32 constraints in all (the
+apiserver's limit) is an error. `totalMemory`/`sameNVLinkIsland` are removed from the config
 because the request and constraints now carry them, which also makes the rewrite idempotent; the
 annotation `gpu.tessera.dev/multi-card` records the original ask.
 
