@@ -188,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="how long to create and delete shares")
     parser.add_argument("--rate", type=float, default=30.0, help="pods created per minute")
     parser.add_argument("--live", type=int, default=8, help="pods kept alive at once; older ones are deleted")
-    parser.add_argument("--out", type=Path, default=Path("soak.json"), help="where to write the JSON summary")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the JSON summary with every sample (default: a new file under /tmp)")
     args = parser.parse_args(argv)
+    if args.out is None:  # never inside the checkout
+        args.out = Path(tempfile.gettempdir()) / f"tessera-soak-{time.strftime('%Y%m%dT%H%M%S')}.json"
     with tempfile.TemporaryDirectory(prefix="tessera-soak-", dir="/tmp") as work:
         summary = run(args.minutes, args.rate, args.live, args.out, Path(work))
     brief = {k: v for k, v in summary.items() if k != "samples"}
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     left = summary["node_leftovers_after_drain"]
     clean = not any(left.values()) and summary["claims_left"] == 0
     print("node clean after drain" if clean else f"LEAK: {left}, claims left {summary['claims_left']}")
+    print(f"summary with every sample: {args.out}")
     return 0 if clean and summary["counts"]["not_running_in_time"] == 0 else 1
 
 
