@@ -170,6 +170,17 @@ def _parse(body: Any) -> Obj:
     request = body.get("request")
     if not isinstance(request, dict) or not request.get("uid"):
         raise ReviewError("AdmissionReview.request with a uid is required")
+    # the apiserver never sends these shapes; anything else would fail deep inside as a 500
+    kind = request.get("kind")
+    if kind is not None and not isinstance(kind, dict):
+        raise ReviewError(f"AdmissionReview.request.kind must be an object (group, version, kind), got {kind!r:.80}")
+    for key in ("object", "oldObject"):
+        value = request.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ReviewError(f"AdmissionReview.request.{key} must be an object, got {type(value).__name__}")
+        meta = value.get("metadata") if isinstance(value, dict) else None
+        if meta is not None and not isinstance(meta, dict):
+            raise ReviewError(f"AdmissionReview.request.{key}.metadata must be an object, got {type(meta).__name__}")
     return request
 
 
