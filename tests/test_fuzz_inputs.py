@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,9 @@ from tests.test_webhook_admission import multicard_spec, review
 
 CASES: Counter[str] = Counter()
 PROFILES = Path(__file__).resolve().parent.parent / "driver" / "profiles"
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# TESSERA_FUZZ_EXAMPLES=5000 fuzzes deeper by hand; CI keeps the bounded default
+EXAMPLES = int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "250"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
 
 json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64) | st.floats(allow_nan=False) | st.text(
@@ -301,6 +304,29 @@ def test_admission_bytes_parse_like_the_server_does(handler: AdmissionHandler, d
     except ValueError:  # the server answers 400 "bad AdmissionReview: ..."
         return
     _review_or_clear_error(handler, "/validate-resourceclaim", body)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("kind",), True, "request.kind must be an object"),
+        (("object",), [], "request.object must be an object, got list"),
+        (("object", "metadata"), "x", "request.object.metadata must be an object, got str"),
+        (("oldObject",), 3, "request.oldObject must be an object, got int"),
+    ],
+)
+def test_admission_request_fields_of_the_wrong_shape_are_a_bad_request(
+    handler: AdmissionHandler, path: tuple[str, ...], value: Any, message: str
+) -> None:
+    CASES["admission wrong-shape requests"] += 1
+    body = copy.deepcopy(_CLAIM_REVIEW)
+    target = body["request"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    for endpoint in ENDPOINTS:  # once found by the mutation fuzzer below: an AttributeError, a 500
+        with pytest.raises(ReviewError, match=message):
+            handler.review(endpoint, body)
 
 
 _CLAIM_REVIEW = review(admission_claim(multicard_spec()))
