@@ -386,16 +386,13 @@ class Bench:
 
 
 def run(api: KubeAPI, source: ClaimSource, api_kind: str, *, claims: int, node_prefix: str = "bench-node",
-        concurrency: tuple[int, ...] = CONCURRENCY, burst: int = 64,
-        nodes: Callable[[str], None] | None = None) -> PrepareReport:
-    """Every shape's latency and the share throughput; `nodes(name)` is told each node it uses."""
+        concurrency: tuple[int, ...] = CONCURRENCY, burst: int = 64) -> PrepareReport:
+    """Every shape's latency (one simulated node per profile) and the share throughput."""
     bench = Bench(api, source, node_prefix)
     report = PrepareReport(api_kind)
     try:
         report.empty_call = bench.plugin(SHAPES["whole GPU"]).empty_calls(max(claims, 10))
-        for shape_name, shape in SHAPES.items():
-            if nodes is not None:
-                nodes(bench.plugin(shape).node)
+        for shape_name in SHAPES:
             report.shapes.append(bench.latency(shape_name, claims))
         for c in concurrency:
             # the same number of claims at every level: `burst` of them, split over c callers

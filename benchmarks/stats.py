@@ -55,12 +55,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def ratio(value: float, reference: float) -> str:
-    if reference <= 0:
-        return "n/a"
-    return f"{value / reference:.1f}x"
-
-
 def machine() -> dict[str, str]:
     """What BENCHMARKS.md states about the machine a figure came from."""
     cpu = "unknown"

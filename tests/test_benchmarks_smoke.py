@@ -15,7 +15,7 @@ import pytest
 from benchmarks import admission_bench, cel_compare, footprint, fsync_floor, prepare_bench, publish_bench
 from benchmarks import run as bench_run
 from benchmarks.memapi import MemoryKubeAPI
-from benchmarks.stats import percentile, ratio, summarize, table
+from benchmarks.stats import percentile, summarize, table
 from driver.kubeapi import ApiError
 from kubeletplugin.checkpoint import CheckpointStore
 
@@ -31,13 +31,11 @@ def test_percentile_of_nothing_says_to_raise_the_count() -> None:
         percentile([], 50)
 
 
-def test_table_pads_columns_and_ratio_guards_zero() -> None:
+def test_table_pads_columns() -> None:
     text = table(["a", "long header"], [["xxxxx", 1]])
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1
     assert lines[2].startswith("| xxxxx |")
-    assert ratio(3.0, 1.5) == "2.0x"
-    assert ratio(1.0, 0.0) == "n/a"
 
 
 def test_fsync_floor_measures_each_write(tmp_path: Path) -> None:
@@ -117,8 +115,9 @@ def test_cel_comparison_runs_both_python_engines_on_the_same_cases() -> None:
 
 @pytest.mark.skipif(not os.environ.get("TESSERA_HARNESS"), reason="needs the e2e harness (TESSERA_HARNESS)")
 def test_go_oracle_rate_from_two_batches() -> None:
-    cases = cel_compare.corpus_cases()[:5]
-    raw, net = cel_compare.go_rate(Path(os.environ["TESSERA_HARNESS"]), cases, copies=3, tries=1)
+    # the heavy case: each copy costs Go milliseconds, well above process-start noise
+    cases = [c for c in cel_compare.corpus_cases() if c.name in cel_compare.HEAVY]
+    raw, net = cel_compare.go_rate(Path(os.environ["TESSERA_HARNESS"]), cases, copies=6, tries=1)
     assert raw > 0 and net > 0
 
 
