@@ -29,7 +29,7 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy driver kubeletplugin controller tessera
+	$(VENV)/bin/mypy driver kubeletplugin controller tessera hack benchmarks
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests
