@@ -342,37 +342,55 @@ class _Timer:
             )
 
 
-class DRAPluginV1(v1_grpc.DRAPluginServicer):
-    """/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/*"""
+class _Answers:
+    """Builds the kubelet's answers in one API version's messages (v1 and v1beta1 differ only there)."""
 
-    def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._service = service
-        self._metrics = metrics
+    def __init__(
+        self, service: DraService, metrics: PluginMetrics | None, version: str, pb: Any,
+        to_device: Callable[[PreparedDevice], Any],
+    ) -> None:
+        self._service, self._metrics, self._version = service, metrics, version
+        self._pb, self._to_device = pb, to_device
 
-    def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1.NodePrepareResourcesResponse:
-        timer = _Timer(self._metrics, "NodePrepareResources", "v1")
+    def prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
+        timer = _Timer(self._metrics, "NodePrepareResources", self._version)
         results = self._service.prepare_claims(_refs(request.claims), _time_remaining(context))
-        response = v1.NodePrepareResourcesResponse()
+        response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
             if result.error:
                 entry.error = result.error
             else:
-                entry.devices.extend(_v1_device(d) for d in result.devices)
+                entry.devices.extend(self._to_device(d) for d in result.devices)
         timer.done()
+        return response
+
+    def unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
+        timer = _Timer(self._metrics, "NodeUnprepareResources", self._version)
+        errors = self._service.unprepare_claims(_refs(request.claims), _time_remaining(context))
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        timer.done()
+        return response
+
+
+class DRAPluginV1(v1_grpc.DRAPluginServicer):
+    """/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/*"""
+
+    def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
+        self._answers = _Answers(service, metrics, "v1", v1, _v1_device)
+
+    def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodePrepareResourcesResponse:
+        response: v1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1.NodeUnprepareResourcesResponse:
-        timer = _Timer(self._metrics, "NodeUnprepareResources", "v1")
-        errors = self._service.unprepare_claims(_refs(request.claims), _time_remaining(context))
-        response = v1.NodeUnprepareResourcesResponse()
-        for uid, error in errors.items():
-            response.claims[uid].error = error
-        timer.done()
+        response: v1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
         return response
 
 
@@ -380,31 +398,16 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
     """/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/*"""
 
     def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._service = service
-        self._metrics = metrics
+        self._answers = _Answers(service, metrics, "v1beta1", v1beta1, _v1beta1_device)
 
     def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodePrepareResourcesResponse:
-        timer = _Timer(self._metrics, "NodePrepareResources", "v1beta1")
-        results = self._service.prepare_claims(_refs(request.claims), _time_remaining(context))
-        response = v1beta1.NodePrepareResourcesResponse()
-        for uid, result in results.items():
-            entry = response.claims[uid]
-            if result.error:
-                entry.error = result.error
-            else:
-                entry.devices.extend(_v1beta1_device(d) for d in result.devices)
-        timer.done()
+        response: v1beta1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        timer = _Timer(self._metrics, "NodeUnprepareResources", "v1beta1")
-        errors = self._service.unprepare_claims(_refs(request.claims), _time_remaining(context))
-        response = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, error in errors.items():
-            response.claims[uid].error = error
-        timer.done()
+        response: v1beta1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
         return response
