@@ -136,7 +136,10 @@ class CheckpointStore:
     """Read-modify-write access to the checkpoint, serialized across threads and processes.
 
     Two plugin pods overlap during a rolling update, so besides an in-process lock every
-    transaction holds an flock on `checkpoint.lock` and re-reads the file.
+    transaction holds an flock on `checkpoint.lock`. Under that flock the file is decoded again
+    only when its identity changed since this store last read or wrote it: every writer replaces
+    it by rename, so a write by anyone gives a new inode (and a new ctime), and comparing
+    (inode, size, mtime_ns, ctime_ns) of the open file catches it without parsing the JSON.
     """
 
     def __init__(self, state_dir: Path) -> None:
@@ -145,6 +148,10 @@ class CheckpointStore:
         self._lock = threading.RLock()
         self._depth = 0
         self._lock_file: IO[str] | None = None
+        # what the file held when this store last read or wrote it, and the identity it had then;
+        # None means "unknown": read it (again) on the next load
+        self._cache: dict[str, ClaimEntry] | None = None
+        self._cache_key: tuple[int, int, int, int] | None = None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -165,41 +172,65 @@ class CheckpointStore:
                     self._lock_file.close()
                     self._lock_file = None
 
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _read(self) -> dict[str, ClaimEntry]:
+        """The entries on disk, decoded only when the file is not the one last seen; the caller holds the lock."""
+        try:
+            f = self.path.open("rb")
+        except FileNotFoundError:
+            empty: dict[str, ClaimEntry] = {}
+            self._cache, self._cache_key = empty, None
+            return empty
+        with f:
+            # fstat of the open file: the identity and the bytes read below belong to the same inode
+            key = self._identity(os.fstat(f.fileno()))
+            if self._cache is not None and key == self._cache_key:
+                return self._cache
+            self._cache, self._cache_key = None, None
+            data = f.read()
+        try:
+            entries = decode(data)
+        except CheckpointError as exc:
+            aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
+            self.path.rename(aside)
+            log.error(
+                "checkpoint unusable; moved aside and starting with no prepared claims",
+                path=str(self.path),
+                moved_to=str(aside),
+                reason=str(exc),
+            )
+            return {}
+        self._cache, self._cache_key = entries, key
+        return entries
+
     def load(self) -> dict[str, ClaimEntry]:
         with self._locked():
-            try:
-                data = self.path.read_bytes()
-            except FileNotFoundError:
-                return {}
-            try:
-                return decode(data)
-            except CheckpointError as exc:
-                aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
-                self.path.rename(aside)
-                log.error(
-                    "checkpoint unusable; moved aside and starting with no prepared claims",
-                    path=str(self.path),
-                    moved_to=str(aside),
-                    reason=str(exc),
-                )
-                return {}
+            # a copy: callers edit it, and the cache must keep saying what the file says
+            return dict(self._read())
 
     def save(self, entries: dict[str, ClaimEntry]) -> None:
         with self._locked():
+            # forget the cache first: if the write fails after its rename, the next read must look
+            self._cache, self._cache_key = None, None
             write_atomic(self.path, encode(entries), 0o600)
+            self._cache, self._cache_key = dict(entries), self._identity(os.stat(self.path))
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[dict[str, ClaimEntry]]:
         """Yield the current entries for editing; saved when the block ends without an exception."""
         with self._locked():
-            entries = self.load()
-            before = dict(entries)
+            before = self._read()
+            entries = dict(before)
             yield entries
             if entries != before:
                 self.save(entries)
 
     def get(self, uid: str) -> ClaimEntry | None:
-        return self.load().get(uid)
+        with self._locked():
+            return self._read().get(uid)
 
     def put(self, entry: ClaimEntry) -> None:
         with self.transaction() as entries:

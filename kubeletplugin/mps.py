@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
+from driver.cdi import ContainerEdits, Mount, check_claim_uid
 
 log = structlog.get_logger(__name__)
 
@@ -307,12 +308,27 @@ def _daemon_pids(pipe_dir: Path) -> list[int]:
     return pids
 
 
+def _replace_file(path: Path, data: bytes, mode: int) -> None:
+    """Atomic against a killed process, not against power loss (no fsync): for the simulated daemons."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class FakeMpsControl:
     """MpsControl for tests and simulated nodes: daemons are records in `<state>/fake-mps.json`.
 
     The record file outlives the process, so a restarted (or SIGKILLed) plugin finds its daemons
-    again, as it would find real ones. Directories are created like the real ones, and the lines
-    the real daemon would be fed are written to `<log dir>/control.log`.
+    again, as it would find real ones. It is replaced by rename but not fsync'd: a rename already
+    outlives a killed process, and only a power loss could undo it, which stops real daemons too.
+    Directories are created like the real ones, and the lines the real daemon would be fed are
+    written to `<log dir>/control.log`.
     """
 
     def __init__(self, state_dir: Path, *, fail_start: bool = False) -> None:
@@ -333,7 +349,7 @@ class FakeMpsControl:
 
     def _save(self, data: dict[str, Any]) -> None:
         self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        write_atomic(self.registry, json.dumps(data, sort_keys=True, indent=1).encode(), 0o600)
+        _replace_file(self.registry, json.dumps(data, sort_keys=True, indent=1).encode(), 0o600)
 
     def daemons(self) -> dict[str, MpsDaemon]:
         with self._lock:
@@ -349,7 +365,7 @@ class FakeMpsControl:
         _make_dirs(paths)
         (paths.pipe_dir / "control").touch()
         lines = control_commands(limits_mib, active_thread_percentage)
-        write_atomic(paths.log_dir / "control.log", "".join(f"{line}\n" for line in lines).encode(), 0o644)
+        _replace_file(paths.log_dir / "control.log", "".join(f"{line}\n" for line in lines).encode(), 0o644)
         daemon = _daemon_record(paths, claim_uid, gpu_uuids, limits_mib, active_thread_percentage)
         with self._lock:
             data = self._load()

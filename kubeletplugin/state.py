@@ -104,6 +104,14 @@ class RecoveryReport:
     failed: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Progress:
+    """A prepare's entry as its steps advance between the two checkpoint writes (mutable on purpose)."""
+
+    entry: ClaimEntry
+    resumed: bool = False  # a PrepareStarted entry of an earlier attempt was found
+
+
 def _use_kind(device: AllocatedDevice) -> str:
     if device.target.is_mig:
         return "mig"
@@ -210,6 +218,17 @@ class DeviceState:
         uses = tuple(
             dict.fromkeys(GpuUse(d.target.gpu.uuid, _use_kind(d)) for d in alloc.devices if not d.admin_access)
         )
+        slices = tuple(
+            dict.fromkeys(
+                (d.target.gpu.uuid, d.sharing.time_slice_interval)
+                for d in alloc.devices
+                if d.sharing.strategy == Strategy.TIME_SLICING
+            )
+        )
+        # intervals are recorded here, before they are applied, so a crash in between still gets the
+        # cards reset; resetting a card this claim never got to touch is harmless (it is this claim's)
+        time_slices = slices if slices and self.timeslicer is not None else (entry.time_slices if entry else ())
+        resumed = entry is not None
         with self.store.transaction() as entries:
             self._check_conflicts(alloc, uses, entries)
             entry = ClaimEntry(
@@ -220,61 +239,66 @@ class DeviceState:
                 gpu_uses=uses,
                 mps=entry.mps if entry else None,
                 migs=entry.migs if entry else (),
-                time_slices=entry.time_slices if entry else (),
+                time_slices=time_slices,
             )
             entries[ref.uid] = entry
         self.crash_hook("after-checkpoint-started")
+        progress = _Progress(entry, resumed=resumed)
         try:
-            return self._prepare_started(alloc, entry, bool(mps_devices), percentages)
+            return self._prepare_started(alloc, progress, bool(mps_devices), percentages, slices)
         except Exception:
             # a failed prepare must not hold GPUs; kubelet retries from scratch
-            latest = self.store.get(ref.uid) or entry
-            try:
-                self._teardown(latest)
-                self.store.drop(ref.uid)
-            except Exception:
-                log.exception("rollback of a failed prepare failed", claim_uid=ref.uid)
+            self._roll_back(progress.entry)
             raise
 
+    def _roll_back(self, entry: ClaimEntry) -> None:
+        try:
+            self._teardown(entry)
+            self.store.drop(entry.uid)
+        except Exception:
+            log.exception("rollback of a failed prepare failed", claim_uid=entry.uid)
+            # the steps between the two checkpoint writes live only in memory; record them now, so
+            # kubelet's retry rolls forward with what exists instead of colliding with it
+            try:
+                self.store.put(entry)
+            except Exception:
+                log.exception("cannot record the failed prepare's progress", claim_uid=entry.uid)
+
     def _prepare_started(
-        self, alloc: ClaimAllocation, entry: ClaimEntry, use_mps: bool, percentages: set[int | None]
+        self,
+        alloc: ClaimAllocation,
+        progress: _Progress,
+        use_mps: bool,
+        percentages: set[int | None],
+        slices: tuple[tuple[str, str], ...],
     ) -> PrepareResult:
-        migs = self._create_migs(alloc, entry)
-        entry = replace(entry, migs=tuple(migs.values()))
-        self.store.put(entry)
+        # Between the PrepareStarted and PrepareCompleted writes, progress is kept in memory only
+        # (for the rollback of a failure). A crash in between needs no record of it: recover() rolls
+        # the PrepareStarted entry back, and its orphan scans remove the MIG instances, CDI spec and
+        # MPS daemon that no completed entry owns; the time-slice cards are in the started entry.
+        migs = self._create_migs(alloc, progress)
         self.crash_hook("after-mig-create")
 
         spec, devices = self._build_spec(alloc, migs, use_mps)
         write_spec(self.cdi_dir, alloc.uid, spec)
-        entry = replace(entry, cdi_spec=spec)
-        self.store.put(entry)
+        progress.entry = replace(progress.entry, cdi_spec=spec)
         self.crash_hook("after-cdi-write")
 
-        slices = tuple(
-            dict.fromkeys(
-                (d.target.gpu.uuid, d.sharing.time_slice_interval)
-                for d in alloc.devices
-                if d.sharing.strategy == Strategy.TIME_SLICING
-            )
-        )
         if slices and self.timeslicer is not None:
-            # recorded before it is applied, so a crash in between still gets the cards reset
-            entry = replace(entry, time_slices=slices)
-            self.store.put(entry)
             for gpu_uuid, interval in slices:
                 self.timeslicer.set_interval(gpu_uuid, interval)
         elif any(interval != "Default" for _, interval in slices):
             log.warning("time-slice interval not applied: no time slicer configured", claim_uid=alloc.uid)
 
         if use_mps:
-            daemon = self._start_mps(alloc, migs, entry.mps, next(iter(percentages)))
-            entry = replace(entry, mps=daemon)
-            self.store.put(entry)
+            daemon = self._start_mps(alloc, migs, progress.entry.mps, next(iter(percentages)))
+            progress.entry = replace(progress.entry, mps=daemon)
         self.crash_hook("after-mps-start")
 
         self.crash_hook("before-checkpoint-completed")
-        entry = replace(entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
+        entry = replace(progress.entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
         self.store.put(entry)
+        progress.entry = entry
         return PrepareResult(devices)
 
     def _check_conflicts(
@@ -294,8 +318,9 @@ class DeviceState:
                         "that claim is released"
                     )
 
-    def _create_migs(self, alloc: ClaimAllocation, entry: ClaimEntry) -> dict[str, CreatedMig]:
+    def _create_migs(self, alloc: ClaimAllocation, progress: _Progress) -> dict[str, CreatedMig]:
         """Dynamic MIG instances by device name, reusing the ones the entry already records."""
+        entry = progress.entry
         out: dict[str, CreatedMig] = {}
         gone: list[CreatedMig] = []
         for d in alloc.devices:
@@ -315,11 +340,27 @@ class DeviceState:
                 continue
             if known is not None:
                 gone.append(known)
+            left = self._unowned_mig(t.gpu.uuid, t.mig_profile.name, t.placement) if progress.resumed else None
+            if left is not None:
+                out[d.device] = left
+                continue
             out[d.device] = self.mig.create(t.gpu, t.mig_profile, t.placement)
-            # recorded at once: a crash before the next checkpoint write must not leak the instance
+            # at once: if the next create fails, the rollback must destroy this one
             kept = tuple(m for m in entry.migs if m not in out.values() and m not in gone)
-            self.store.put(replace(entry, migs=(*kept, *out.values())))
+            progress.entry = replace(entry, migs=(*kept, *out.values()))
+        progress.entry = replace(entry, migs=tuple(out.values()))
         return out
+
+    def _unowned_mig(self, gpu_uuid: str, profile: str, placement: int) -> CreatedMig | None:
+        """An instance at this claim's placement that no checkpoint entry owns: an earlier attempt of
+        this claim created it and crashed before PrepareCompleted (the scheduler gave the placement
+        to this claim, and no container ever ran on an instance of a prepare that never completed)."""
+        owned = {m for e in self.store.load().values() for m in e.migs}
+        for m in self.mig.created():
+            wanted = (m.gpu_uuid, m.profile, m.placement) == (gpu_uuid, profile, placement)
+            if wanted and m not in owned and self.mig.exists(m):
+                return m
+        return None
 
     def _visible(self, d: AllocatedDevice, migs: dict[str, CreatedMig]) -> tuple[str, tuple[DeviceNode, ...]]:
         """The UUID CUDA sees for a device, and its device nodes."""
