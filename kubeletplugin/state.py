@@ -1,8 +1,9 @@
 """DeviceState: what it means to prepare and unprepare a claim on this node.
 
 The gRPC layer hands over a claim (already fetched from the apiserver) and gets back CDI device ids,
-or an error text; everything in between happens here, in this order, each step recorded so a crash
-at any point is repaired:
+or an error text; everything in between happens here, in this order, and a crash at any point is
+repaired (the two checkpoint writes of each side are the only durable records; what happens
+between them is found again by recover()'s orphan scans):
 
 prepare:   parse allocation + config (pure) -> checkpoint entry `PrepareStarted` -> create dynamic
            MIG instances -> write the CDI spec -> set time-slice intervals -> start the claim's MPS
@@ -11,7 +12,8 @@ unprepare: checkpoint entry `UnprepareStarted` -> stop MPS -> reset time-slice i
            MIG instances -> delete the CDI spec -> drop the entry.
 
 A prepare that finds its own `PrepareStarted` entry (kubelet retried after a timeout or a crash)
-rolls forward, reusing what the entry says was already done. A prepare that fails rolls back, so
+rolls forward, reusing what the entry says was already done and the unowned MIG instance at its
+own placement that the earlier attempt created. A prepare that fails rolls back, so
 a failed claim holds no GPU. `recover()` on start rolls *back* every half-done prepare: kubelet
 never got an answer for it, so no container uses it, and kubelet's retry prepares it from the
 claim again; completed claims get their CDI specs and MPS daemons back.

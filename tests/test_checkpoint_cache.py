@@ -7,6 +7,8 @@ checkpoint exactly twice. Real files under tmp_path throughout.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,57 @@ def test_failed_rollback_records_the_progress_for_the_retry(tmp_path: Path, monk
     assert not retried.error
     assert len(state.mig.created()) == 1
     assert state.prepared_claims()[UID].migs == tuple(state.mig.created())
+
+
+# -- group commit -------------------------------------------------------------------------------------
+
+
+def _queued_behind_a_held_lock(store: CheckpointStore, actions: list[Any]) -> list[BaseException | None]:
+    """Run each action in its own thread while this thread holds the store's lock, and release it only
+    once all of them have queued their change: they then share whatever write comes next."""
+    outcomes: list[BaseException | None] = [None] * len(actions)
+
+    def run(i: int) -> None:
+        try:
+            actions[i]()
+        except BaseException as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(actions))]
+    with store.transaction():
+        for t in threads:
+            t.start()
+        while len(store._queue) < len(actions):
+            time.sleep(0.001)
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_concurrent_changes_share_one_durable_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.put(entry("gone"))
+    writes = WriteCounter(monkeypatch)
+    uids = [f"claim-{i}" for i in range(6)]
+    actions: list[Any] = [lambda u=u: store.put(entry(u)) for u in uids]
+    outcomes = _queued_behind_a_held_lock(store, [*actions, lambda: store.drop("gone")])
+    assert outcomes == [None] * 7
+    assert len(writes.states) == 1  # one write for all seven changes
+    assert sorted(CheckpointStore(tmp_path).load()) == uids
+
+
+def test_failed_group_write_fails_every_change_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.put(entry("kept"))
+
+    def full(path: Path, data: bytes, mode: int) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint, "write_atomic", full)
+    outcomes = _queued_behind_a_held_lock(store, [lambda u=u: store.put(entry(u)) for u in ("a", "b", "c")])
+    monkeypatch.undo()
+    assert all(isinstance(o, OSError) and o.strerror == "No space left on device" for o in outcomes), outcomes
+    assert all(isinstance(o, OSError) and o.filename == str(store.path) for o in outcomes)
+    assert list(store.load()) == ["kept"]  # none of them is in the file, nor claimed by the cache
+    store.put(entry("a"))  # and the next change is not stuck behind the failed ones
+    assert sorted(CheckpointStore(tmp_path).load()) == ["a", "kept"]
