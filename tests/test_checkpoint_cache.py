@@ -273,3 +273,18 @@ def test_failed_group_write_fails_every_change_in_it(tmp_path: Path, monkeypatch
     assert list(store.load()) == ["kept"]  # none of them is in the file, nor claimed by the cache
     store.put(entry("a"))  # and the next change is not stuck behind the failed ones
     assert sorted(CheckpointStore(tmp_path).load()) == ["a", "kept"]
+
+
+def test_young_file_rewritten_in_place_with_the_same_identity_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Coarse file times can leave an in-place rewrite of the same size with the same identity: a
+    file modified shortly before the cache was taken is compared by content, not by identity."""
+    store = CheckpointStore(tmp_path)
+    store.put(entry("a"))
+    monkeypatch.setattr(CheckpointStore, "_identity", staticmethod(lambda st: (1, 2, 3, 4)))  # never changes
+    store.load()
+    original = store.path.read_bytes()
+    store.path.write_bytes(original.replace(b'"checksum": "sha256:', b'"checksum": "sha256:0')[:len(original)])
+    assert store.load() == {}  # the damaged content was noticed and moved aside
+    assert len(list(tmp_path.glob("checkpoint.json.corrupt-*"))) == 1
