@@ -271,15 +271,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Replace `path` with `data`: temp file in the same dir (not named *.json), fsync, rename, fsync the dir."""
+def write_atomic(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
+    """Replace `path` with `data`: temp file in the same dir (not named *.json), fsync, rename, fsync the dir.
+
+    `durable=False` skips both fsyncs: the rename still outlives a killed process, only not a power loss.
+    """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -287,7 +291,8 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
             # write/fsync errors (a full or read-only disk) name no file; say which one could not be written
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def write_spec(cdi_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:

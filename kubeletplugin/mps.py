@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from driver.cdi import ContainerEdits, Mount, check_claim_uid
+from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
 
 log = structlog.get_logger(__name__)
 
@@ -308,19 +307,6 @@ def _daemon_pids(pipe_dir: Path) -> list[int]:
     return pids
 
 
-def _replace_file(path: Path, data: bytes, mode: int) -> None:
-    """Atomic against a killed process, not against power loss (no fsync): for the simulated daemons."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class FakeMpsControl:
     """MpsControl for tests and simulated nodes: daemons are records in `<state>/fake-mps.json`.
 
@@ -349,7 +335,7 @@ class FakeMpsControl:
 
     def _save(self, data: dict[str, Any]) -> None:
         self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        _replace_file(self.registry, json.dumps(data, sort_keys=True, indent=1).encode(), 0o600)
+        write_atomic(self.registry, json.dumps(data, sort_keys=True, indent=1).encode(), 0o600, durable=False)
 
     def daemons(self) -> dict[str, MpsDaemon]:
         with self._lock:
@@ -365,7 +351,9 @@ class FakeMpsControl:
         _make_dirs(paths)
         (paths.pipe_dir / "control").touch()
         lines = control_commands(limits_mib, active_thread_percentage)
-        _replace_file(paths.log_dir / "control.log", "".join(f"{line}\n" for line in lines).encode(), 0o644)
+        write_atomic(
+            paths.log_dir / "control.log", "".join(f"{line}\n" for line in lines).encode(), 0o644, durable=False
+        )
         daemon = _daemon_record(paths, claim_uid, gpu_uuids, limits_mib, active_thread_percentage)
         with self._lock:
             data = self._load()
