@@ -12,12 +12,10 @@ calls here, then the health streams end, then the DRA server drains its calls wi
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,6 +23,7 @@ import structlog
 from driver import DRIVER_NAME
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
+from driver.shutdown import restore_handlers, stop_on_signals
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer
 from kubeletplugin.health import (
@@ -303,7 +302,8 @@ def run_plugin(
             log.error("cannot load Kubernetes client configuration", source=where, error=str(exc))
             return 1
     plugin = KubeletPlugin(config, api, inventory, state)
-    previous = _install_signal_handlers(stop)
+    # Run in-process off the main thread (tests), the plugin stops through `stop_event` alone.
+    previous = stop_on_signals(stop) if threading.current_thread() is threading.main_thread() else {}
     try:
         try:
             plugin.start()
@@ -316,27 +316,4 @@ def run_plugin(
         plugin.stop()
         return 0
     finally:
-        _restore_signal_handlers(previous)
-
-
-_Handler = Callable[[int, FrameType | None], object] | int | None
-
-
-def _install_signal_handlers(stop: threading.Event) -> dict[int, _Handler]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        del frame
-        log.info("signal received; shutting down", signal=signal.Signals(signum).name)
-        stop.set()
-
-    previous: dict[int, _Handler] = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, handle)
-    return previous
-
-
-def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
+        restore_handlers(previous)

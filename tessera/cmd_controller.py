@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
-from types import FrameType
+
+from driver.shutdown import stop_on_signals
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,13 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("shutting down", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
     app.start()
     log.info("controller started", listen=args.listen, metrics=args.metrics_addr)
     stop.wait()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-from types import FrameType
+from typing import TYPE_CHECKING
+
+from driver.shutdown import stop_on_signals
+
+if TYPE_CHECKING:
+    from kubeletplugin.publisher import Publisher
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import structlog
 
     from driver.discovery import DiscoveryError, load_inventory
-    from driver.kubeapi import ApiError, RealKubeAPI
+    from driver.kubeapi import RealKubeAPI
     from driver.slices import SliceBuildError, build_slices
     from kubeletplugin.publisher import Publisher
 
@@ -47,12 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.once:
         if args.cleanup:
-            try:
-                publisher.delete_all()
-            except ApiError as exc:
-                sys.stderr.write(f"tessera publish: cannot delete slices: {exc}\n")
-                return 1
-            return 0
+            return _delete_all(publisher)
         if not publisher.sync_once():
             sys.stderr.write(f"tessera publish: {publisher.last_error}\n")
             return 1
@@ -60,21 +59,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        del frame
-        log.info("stopping", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
     publisher.start()
     stop.wait()
     publisher.stop(cleanup=False)
-    if args.cleanup:
-        try:
-            publisher.delete_all()
-        except ApiError as exc:
-            sys.stderr.write(f"tessera publish: cannot delete slices: {exc}\n")
-            return 1
+    return _delete_all(publisher) if args.cleanup else 0
+
+
+def _delete_all(publisher: Publisher) -> int:
+    from driver.kubeapi import ApiError
+
+    try:
+        publisher.delete_all()
+    except ApiError as exc:
+        sys.stderr.write(f"tessera publish: cannot delete slices: {exc}\n")
+        return 1
     return 0
