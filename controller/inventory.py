@@ -151,31 +151,17 @@ class DeviceIndex:
 
         `driver=None` keeps every driver's slices (e.g. a file with mixed slices).
         """
-        pools: dict[tuple[str, str], list[Obj]] = {}
-        for item in slices:
-            spec = item.get("spec") if isinstance(item, Mapping) else None
-            if not isinstance(spec, Mapping):
-                continue
-            slice_driver = str(spec.get("driver", ""))
-            if driver is not None and slice_driver != driver:
-                continue
-            pool = spec.get("pool") or {}
-            pools.setdefault((slice_driver, str(pool.get("name", ""))), []).append(item)
-
         devices: list[InventoryDevice] = []
         incomplete: list[str] = []
-        for (slice_driver, pool_name), items in sorted(pools.items()):
-            newest = max(_generation(s) for s in items)
-            current = sorted((s for s in items if _generation(s) == newest), key=_slice_name)
-            want = (current[0]["spec"].get("pool") or {}).get("resourceSliceCount")
-            if isinstance(want, int) and want != len(current):
-                incomplete.append(pool_name)
-            for s in current:
+        for pool in current_pools(slices, driver=driver):
+            if not pool.complete:
+                incomplete.append(pool.name)
+            for s in pool.slices:
                 spec = s["spec"]
                 for dev in spec.get("devices") or ():
                     if isinstance(dev, Mapping):
-                        node = dev.get("nodeName") or spec.get("nodeName") or pool_name
-                        devices.append(InventoryDevice(str(node), pool_name, slice_driver, dev))
+                        node = dev.get("nodeName") or spec.get("nodeName") or pool.name
+                        devices.append(InventoryDevice(str(node), pool.name, pool.driver, dev))
         return cls(tuple(devices), tuple(incomplete), version)
 
     def __len__(self) -> int:
@@ -201,6 +187,39 @@ class DeviceIndex:
 
     def of_type(self, device_type: str) -> tuple[InventoryDevice, ...]:
         return tuple(d for d in self.devices if d.device_type == device_type)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The slices of one (driver, pool) that count: those of the newest generation, by name."""
+
+    driver: str
+    name: str
+    slices: tuple[Obj, ...]
+    complete: bool  # as many slices as `resourceSliceCount` says
+
+
+def current_pools(slices: Iterable[Obj], *, driver: str | None = DRIVER) -> list[Pool]:
+    """Group slices per pool and keep the newest generation, pools sorted by (driver, name) as the
+    scheduler walks them. `driver=None` keeps every driver's slices."""
+    pools: dict[tuple[str, str], list[Obj]] = {}
+    for item in slices:
+        spec = item.get("spec") if isinstance(item, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        slice_driver = str(spec.get("driver", ""))
+        if driver is not None and slice_driver != driver:
+            continue
+        pool = spec.get("pool") or {}
+        pools.setdefault((slice_driver, str(pool.get("name", ""))), []).append(item)
+    out = []
+    for (slice_driver, pool_name), items in sorted(pools.items()):
+        newest = max(_generation(s) for s in items)
+        current = sorted((s for s in items if _generation(s) == newest), key=_slice_name)
+        want = (current[0]["spec"].get("pool") or {}).get("resourceSliceCount")
+        complete = not (isinstance(want, int) and want != len(current))
+        out.append(Pool(slice_driver, pool_name, tuple(current), complete))
+    return out
 
 
 def _generation(item: Obj) -> int:

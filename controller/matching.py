@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from controller.capacityfit import capacity_miss
 from controller.conjuncts import split_conjuncts
-from controller.inventory import DeviceIndex, InventoryDevice, memory_bytes
+from controller.inventory import DeviceIndex, InventoryDevice
 from controller.shapes import Shape, dedup_safe, read_keys, shape_key, shapes
 
 if TYPE_CHECKING:
@@ -120,26 +121,9 @@ class Evaluator:
 
 
 def capacity_shortfall(device: InventoryDevice, need: CapacityNeed) -> str | None:
-    """Why the device cannot give `need` (None when it can), following the scheduler's rules (§4.1)."""
-    entry = device.capacity(need.key)
-    if entry is None:
-        return f"it has no capacity {need.key!r}"
-    value = memory_bytes(str(entry.get("value")))
-    if value is None or value < need.amount:
-        return f"it has {entry.get('value')} of {need.key}, the request asks {need.text}"
-    policy = entry.get("requestPolicy") if device.allow_multiple else None
-    if isinstance(policy, Mapping):
-        valid_range = policy.get("validRange")
-        if isinstance(valid_range, Mapping) and valid_range.get("max") is not None:
-            top = memory_bytes(str(valid_range["max"]))
-            if top is not None and need.amount > top:
-                return f"it gives at most {valid_range['max']} of {need.key} per request, the request asks {need.text}"
-        values = policy.get("validValues")
-        if isinstance(values, list) and values:
-            sizes = [memory_bytes(str(v)) for v in values]
-            if not any(s is not None and s >= need.amount for s in sizes):
-                return f"its largest {need.key} share is {values[-1]}, the request asks {need.text}"
-    return None
+    """Why the device can never give `need` (None when it can), by the scheduler's rules (controller.capacityfit)."""
+    miss = capacity_miss(device, (need,))
+    return miss.reason if miss else None
 
 
 def match(requirement: Requirement, index: DeviceIndex, evaluator: Evaluator) -> MatchResult:
@@ -165,14 +149,25 @@ def _shapes(requirement: Requirement, index: DeviceIndex) -> tuple[Shape, ...]:
 def _passes(
     requirement: Requirement, device: InventoryDevice, evaluator: Evaluator, failures: dict[int, RuntimeFailure]
 ) -> bool:
-    for i, condition in enumerate(requirement.conditions):
-        out = evaluator.outcome(condition, device)
-        if out is True:
-            continue
+    stop = first_failure(requirement.conditions, device, evaluator)
+    if stop is not None:
+        i, out = stop
         if isinstance(out, str) and i not in failures:
-            failures[i] = RuntimeFailure(condition, device, out)
+            failures[i] = RuntimeFailure(requirement.conditions[i], device, out)
         return False
-    return all(capacity_shortfall(device, need) is None for need in requirement.capacity)
+    return capacity_miss(device, requirement.capacity) is None
+
+
+def first_failure(
+    conditions: tuple[Condition, ...], device: InventoryDevice, evaluator: Evaluator
+) -> tuple[int, Outcome] | None:
+    """The first condition the device does not pass, with its outcome (False or a runtime error), in the
+    scheduler's order: it stops at the first selector that is false or fails. None when all pass."""
+    for i, condition in enumerate(conditions):
+        out = evaluator.outcome(condition, device)
+        if out is not True:
+            return i, out
+    return None
 
 
 def conjunct_conditions(condition: Condition) -> tuple[Condition, ...]:
