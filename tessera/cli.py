@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("tessera.cmd_kubelet_plugin", "run the node agent kubelet talks to"),
     "controller": ("tessera.cmd_controller", "run the admission webhook and inventory cache"),
     "check": ("tessera.cmd_check", "check DeviceClass/ResourceClaim YAML offline"),
+    "explain": ("tessera.cmd_explain", "why a pod or claim does not get its GPUs, step by step"),
+    "status": ("tessera.cmd_status", "which claims and pods hold which GPU, and what is free"),
 }
 
 

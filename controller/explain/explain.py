@@ -1,0 +1,280 @@
+"""`tessera explain`: for a pod or a claim, why its claims are (not) allocated, step by step.
+
+For each claim that is not allocated yet, every request (each alternative of a firstAvailable request)
+goes through the funnel (funnel.py). A request with no device left is the answer, at its first empty
+step. Otherwise the scheduler's search (search.py) runs on every node the pod may use: the claim
+alone, then all the pod's claims together, as the scheduler allocates them. When a claim fails only
+as a whole, attribution.py says which part (count, a constraint, the requests together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.explain.attribution import NodeInputs, combined_verdict, constraint_verdict, count_verdict
+from controller.explain.funnel import Funnel, funnel
+from controller.explain.nodes import NodeScope, allocation_node, pod_scope
+from controller.explain.reasons import Verdict, funnel_verdict, problem_verdict
+from controller.explain.requests import ClaimPlan, Constraint, RequestSpec, claim_plan
+from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult, search
+from controller.explain.state import AllocatedState, object_ref, reserved_pods
+from controller.inventory import DeviceIndex
+from controller.matching import Evaluator
+
+Obj = dict[str, Any]
+NODE_BUDGET = 20_000  # search steps per node; the scheduler itself stops after DRASchedulerFilterTimeout
+
+
+@dataclass
+class ClusterView:
+    """What explain and status read from the apiserver, once."""
+
+    slices: list[Obj]
+    classes: dict[str, Obj]
+    claims: list[Obj]
+    pods: list[Obj] = field(default_factory=list)
+    nodes: list[Obj] | None = None  # None: could not be read (RBAC); node selection is then not applied
+    templates: list[Obj] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.index = DeviceIndex.from_slices(self.slices)
+        self.state = AllocatedState(self.index, self.slices, self.claims)
+        self.evaluator = Evaluator()
+
+    def find(self, kind: str, namespace: str, name: str) -> Obj | None:
+        items = {"pod": self.pods, "claim": self.claims, "template": self.templates}[kind]
+        return next((o for o in items if (o.get("metadata") or {}).get("namespace") == namespace
+                     and (o.get("metadata") or {}).get("name") == name), None)
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    spec: RequestSpec
+    funnel: Funnel | None  # None: not tessera's, or it cannot be matched at all
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class ClaimReport:
+    ref: str
+    origin: str = ""  # how the pod names it; e.g. "template gpu (claim not created yet)"
+    allocated: bool = False
+    allocation: tuple[Mapping[str, Any], ...] = ()  # status.allocation.devices.results of tessera
+    reserved_for: tuple[str, ...] = ()
+    requests: tuple[RequestReport, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    verdict: Verdict = field(default_factory=lambda: Verdict(True))
+    picks: tuple[Pick, ...] = ()  # what the scheduler would take, on verdict.nodes[0]
+    tried: tuple[str, ...] = ()  # nodes the search ran on (every request had devices left)
+    found: tuple[str, ...] = ()  # nodes where the whole claim can be allocated
+
+
+@dataclass(frozen=True)
+class Explanation:
+    kind: str  # pod or resourceclaim
+    ref: str
+    phase: str = ""
+    scheduler_message: str = ""
+    scope: NodeScope = field(default_factory=lambda: NodeScope(None))
+    claims: tuple[ClaimReport, ...] = ()
+    verdict: Verdict = field(default_factory=lambda: Verdict(True))
+    problem: str = ""  # the subject does not exist, or uses no claim
+
+
+class NotFound(LookupError):
+    pass
+
+
+def explain_pod(view: ClusterView, namespace: str, name: str) -> Explanation:
+    pod = view.find("pod", namespace, name)
+    if pod is None:
+        raise NotFound(f'pod "{name}" not found in namespace "{namespace}"')
+    status = pod.get("status") or {}
+    message = next((c.get("message", "") for c in status.get("conditions") or ()
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
+    base = Explanation("pod", f"{namespace}/{name}", str(status.get("phase", "")), str(message))
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
+    entries: list[tuple[str, Obj | None, Obj | None, str]] = []  # ref, claim, spec to plan, origin
+    for pc in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if pc.get("resourceClaimName"):
+            claim_name = str(pc["resourceClaimName"])
+            claim = view.find("claim", namespace, claim_name)
+            entries.append((f"{namespace}/{claim_name}", claim, claim.get("spec") if claim else None,
+                            f"pod claim {pc.get('name')}"))
+        elif pc.get("resourceClaimTemplateName"):
+            template_name = str(pc["resourceClaimTemplateName"])
+            generated_name = generated.get(pc.get("name"))
+            claim = view.find("claim", namespace, str(generated_name)) if generated_name else None
+            if claim is not None:
+                entries.append((f"{namespace}/{generated_name}", claim, claim.get("spec"),
+                                f"pod claim {pc.get('name')}, from template {template_name}"))
+                continue
+            template = view.find("template", namespace, template_name)
+            spec = ((template or {}).get("spec") or {}).get("spec")
+            entries.append((f"{namespace}/{template_name}", None, spec,
+                            f"pod claim {pc.get('name')}: template {template_name}, claim not created yet"))
+    if not entries:
+        return _replace(base, problem=f"pod {namespace}/{name} uses no ResourceClaim: tessera has no part in where "
+                        "it runs")
+    scope = pod_scope(pod, view.nodes)
+    return _explain(view, base, entries, scope)
+
+
+def explain_claim(view: ClusterView, namespace: str, name: str) -> Explanation:
+    claim = view.find("claim", namespace, name)
+    if claim is None:
+        raise NotFound(f'resourceclaim "{name}" not found in namespace "{namespace}"')
+    users = [object_ref(p) for p in view.pods if _uses(p, name)]
+    origin = f"used by {', '.join(f'pod {u}' for u in users)}" if users else "used by no pod"
+    base = Explanation("resourceclaim", f"{namespace}/{name}")
+    return _explain(view, base, [(f"{namespace}/{name}", claim, claim.get("spec"), origin)], NodeScope(None))
+
+
+def _uses(pod: Obj, claim_name: str) -> bool:
+    spec = pod.get("spec") or {}
+    if any(pc.get("resourceClaimName") == claim_name for pc in spec.get("resourceClaims") or ()):
+        return True
+    return any(s.get("resourceClaimName") == claim_name
+               for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ())
+
+
+def _replace(e: Explanation, **changes: Any) -> Explanation:
+    from dataclasses import replace
+
+    return replace(e, **changes)
+
+
+def _explain(view: ClusterView, base: Explanation, entries: Sequence[tuple[str, Obj | None, Obj | None, str]],
+             scope: NodeScope) -> Explanation:
+    reports: list[ClaimReport] = []
+    plans: list[tuple[int, ClaimPlan]] = []
+    for ref, claim, spec, origin in entries:
+        allocation = ((claim or {}).get("status") or {}).get("allocation")
+        if allocation:
+            results = tuple(r for r in (allocation.get("devices") or {}).get("results") or ())
+            reports.append(ClaimReport(ref, origin, True, results, reserved_pods(claim or {}),
+                                       verdict=Verdict(True, reason=_allocated_text(results))))
+            on = allocation_node(claim or {}, view.nodes)
+            if on.names is not None:
+                scope = NodeScope(on.names if scope.names is None else scope.names & on.names,
+                                  "; ".join(x for x in (scope.why, on.why) if x))
+            continue
+        if not isinstance(spec, Mapping):
+            reports.append(ClaimReport(ref, origin, verdict=Verdict(
+                False, "claim", f"claim {ref} does not exist (yet)", "check the pod's resourceClaims and that the "
+                "resourceclaim controller runs (kube-controller-manager)")))
+            continue
+        plans.append((len(reports), claim_plan(ref, spec, view.classes)))
+        reports.append(ClaimReport(ref, origin))
+    nodes = [n for n in view.index.nodes if scope.allows(n)]
+    alone: dict[int, dict[str, NodeInputs]] = {}
+    for position, plan in plans:
+        report, inputs = _claim(view, plan, nodes, scope, reports[position])
+        reports[position] = report
+        alone[position] = inputs
+    verdict = _pod_verdict(view, reports, alone, base.kind)
+    return _replace(base, scope=scope, claims=tuple(reports), verdict=verdict)
+
+
+def _allocated_text(results: Sequence[Mapping[str, Any]]) -> str:
+    devices = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results) or "no device"
+    return f"allocated: {devices}"
+
+
+def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScope,
+           report: ClaimReport) -> tuple[ClaimReport, dict[str, NodeInputs]]:
+    requests: list[RequestReport] = []
+    funnels: dict[str, Funnel] = {}
+    failed: Verdict | None = None
+    for group in plan.groups:
+        group_verdicts = []
+        for spec in group.alternatives:
+            if not spec.ours:
+                verdict = Verdict(True, reason=f'DeviceClass "{spec.class_name}" is not tessera\'s; not checked')
+                requests.append(RequestReport(spec, None, verdict))
+            elif spec.problem:
+                verdict = problem_verdict(spec, view.classes)
+                requests.append(RequestReport(spec, None, verdict))
+            else:
+                f = funnel(spec, view.index, set(nodes) if scope.names is not None else None, view.state,
+                           view.evaluator)
+                funnels[spec.ref] = f
+                verdict = funnel_verdict(f, view.classes, view.evaluator, view.index, scope.why)
+                requests.append(RequestReport(spec, f, verdict))
+            group_verdicts.append(verdict)
+        if group_verdicts and not any(v.ok for v in group_verdicts) and failed is None:
+            failed = group_verdicts[0]
+    done = _with(report, requests=tuple(requests), constraints=plan.constraints)
+    if plan.problems:
+        return _with(done, verdict=Verdict(False, "constraints", plan.problems[0], "fix the claim's constraints")), {}
+    if failed is not None:
+        return _with(done, verdict=failed), {}
+    inputs = {n: NodeInputs(n, _claim_input(plan, funnels, n), funnels) for n in nodes}
+    found: list[str] = []
+    picks: tuple[Pick, ...] = ()
+    limited = False
+    for node in nodes:
+        result = _search([inputs[node].claim], node, view)
+        limited |= result.limited
+        if result.found:
+            found.append(node)
+            picks = picks or result.picks[0]
+    done = _with(done, tried=tuple(nodes), found=tuple(found))
+    if found:
+        where = ", ".join(found)
+        return _with(done, verdict=Verdict(True, reason=f"could be allocated now on {where}", nodes=tuple(found)),
+                     picks=picks), {n: inputs[n] for n in found}
+    per_node = list(inputs.values())
+    why = (count_verdict(plan.ref, per_node)
+           or constraint_verdict(plan.ref, per_node, lambda claims, n: _search(claims, n, view)))
+    if why is None and limited:
+        why = Verdict(False, "search-limit", f"the search gave up after {NODE_BUDGET} steps per node without "
+                      "finding devices for all requests", "ask for fewer devices or fewer constraints")
+    return _with(done, verdict=why or combined_verdict(plan.ref, nodes)), {}
+
+
+def _claim_input(plan: ClaimPlan, funnels: Mapping[str, Funnel], node: str) -> ClaimInput:
+    groups: list[tuple[Alternative, ...]] = []
+    for group in plan.groups:
+        if any(not s.ours for s in group.alternatives):
+            groups.append(())  # another driver's request: not tessera's to place
+            continue
+        groups.append(tuple(Alternative(s, tuple(d for d in funnels[s.ref].selectable if d.node == node))
+                            for s in group.alternatives))
+    return ClaimInput(plan.ref, tuple(groups), plan.constraints)
+
+
+def _search(claims: Sequence[ClaimInput], node: str, view: ClusterView) -> SearchResult:
+    incomplete = any(d.node == node and d.pool in view.index.incomplete_pools for d in view.index.devices)
+    return search(claims, view.state, budget=NODE_BUDGET, incomplete_pool=incomplete)
+
+
+def _with(report: ClaimReport, **changes: Any) -> ClaimReport:
+    from dataclasses import replace
+
+    return replace(report, **changes)
+
+
+def _pod_verdict(view: ClusterView, reports: Sequence[ClaimReport], alone: Mapping[int, Mapping[str, NodeInputs]],
+                 kind: str) -> Verdict:
+    for report in reports:
+        if not report.verdict.ok:
+            return report.verdict
+    pending = [i for i, r in enumerate(reports) if not r.allocated]
+    if not pending:
+        return Verdict(True, reason="tessera's part is done: every claim is allocated")
+    nodes = set.intersection(*(set(alone[i]) for i in pending))
+    if len(pending) > 1:
+        ok_nodes = sorted(n for n in nodes if _search([alone[i][n].claim for i in pending], n, view).found)
+        if not ok_nodes:
+            claims = ", ".join(reports[i].ref for i in pending)
+            return Verdict(False, "pod", f"each of the pod's claims ({claims}) can be allocated on its own, but not "
+                           "all of them together on one node", "ask for less in one of the claims, or free devices "
+                           "on a node", claims=tuple(reports[i].ref for i in pending))
+        nodes = set(ok_nodes)
+    where = ", ".join(sorted(nodes))
+    what = "the claim could" if kind == "resourceclaim" else "every claim of the pod is allocated or could"
+    return Verdict(True, reason=f"tessera's part is fine: {what} be allocated now (on {where})",
+                   nodes=tuple(sorted(nodes)))

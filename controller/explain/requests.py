@@ -1,0 +1,168 @@
+"""A ResourceClaimSpec as the allocator sees it: requests (a firstAvailable request is its list of
+subrequests), each with its class's selectors, its own selectors, capacity, count and tolerations,
+compiled with the webhook's code (controller.selectors, controller.classchecks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.classchecks import class_conditions
+from controller.context import class_targets_tessera, is_our_class_name
+from controller.matching import CapacityNeed, Condition
+from controller.selectors import compile_selectors
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request, or one subrequest of a firstAvailable request."""
+
+    ref: str  # "gpu", or "gpu/full" for a subrequest
+    class_name: str
+    mode: str  # ExactCount or All
+    count: int  # 0 for All
+    class_conditions: tuple[Condition, ...] = ()
+    conditions: tuple[Condition, ...] = ()  # the request's own selectors
+    needs: tuple[CapacityNeed, ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    admin_access: bool = False
+    ours: bool = True  # the class is one of tessera's
+    problem: str = ""  # why it cannot be matched at all (class missing, selector does not compile)
+
+    @property
+    def base(self) -> str:
+        return self.ref.split("/", 1)[0]
+
+    @property
+    def sub(self) -> str:
+        return self.ref.split("/", 1)[1] if "/" in self.ref else ""
+
+    @property
+    def all_conditions(self) -> tuple[Condition, ...]:
+        return self.class_conditions + self.conditions
+
+    def describe(self) -> str:
+        """`2 x gpu.tessera.dev, memory 10Gi` — what the request asks for."""
+        amount = "all" if self.mode == "All" else str(self.count)
+        capacity = "".join(f", {n.key} {n.text}" for n in self.needs)
+        selectors = f", {len(self.conditions)} selector{'s' if len(self.conditions) != 1 else ''}" \
+            if self.conditions else ""
+        return f"{amount} x {self.class_name}{capacity}{selectors}"
+
+
+@dataclass(frozen=True)
+class RequestGroup:
+    """A request of the claim: one alternative for `exactly`, several for `firstAvailable`."""
+
+    name: str
+    alternatives: tuple[RequestSpec, ...]
+
+    @property
+    def first_available(self) -> bool:
+        return len(self.alternatives) > 1 or (bool(self.alternatives) and "/" in self.alternatives[0].ref)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    requests: tuple[str, ...]  # empty: every request of the claim
+    attribute: str  # fully qualified
+    kind: str  # matchAttribute or distinctAttribute
+
+    def applies(self, ref: str) -> bool:
+        if not self.requests:
+            return True
+        return ref in self.requests or ref.split("/", 1)[0] in self.requests
+
+    def describe(self) -> str:
+        scope = f" over {', '.join(self.requests)}" if self.requests else ""
+        return f"{self.kind} {self.attribute}{scope}"
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Everything the allocator needs from one claim."""
+
+    ref: str  # namespace/name (or the template's, for a claim not created yet)
+    groups: tuple[RequestGroup, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+
+def _needs(body: Mapping[str, Any]) -> tuple[tuple[CapacityNeed, ...], str]:
+    """All capacity.requests, kept literally: a key the devices lack must rule them out, as it does in the
+    scheduler (the webhook rejects such keys; a claim admitted without it still has them)."""
+    from driver.cel.quantity import Quantity
+
+    capacity = body.get("capacity")
+    requests = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    needs = []
+    for key, amount in (requests or {}).items():
+        try:
+            needs.append(CapacityNeed(str(key), Quantity.parse(str(amount)).value(), str(amount)))
+        except ValueError:
+            return (), f"capacity.requests[{key}] = {amount!r} is not a quantity"
+    return tuple(needs), ""
+
+
+def request_spec(body: Mapping[str, Any], ref: str, classes: Mapping[str, Obj]) -> RequestSpec:
+    class_name = str(body.get("deviceClassName", ""))
+    mode = str(body.get("allocationMode") or "ExactCount")
+    count = body.get("count", 1) if mode != "All" else 0
+    count = count if isinstance(count, int) else 1
+    tolerations = tuple(t for t in body.get("tolerations") or () if isinstance(t, Mapping))
+    admin = bool(body.get("adminAccess"))
+    cls = classes.get(class_name)
+    ours = is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
+    base = RequestSpec(ref, class_name, mode, count, tolerations=tolerations, admin_access=admin, ours=ours)
+    if cls is None:
+        return _replace(base, problem=f'DeviceClass "{class_name}" does not exist')
+    class_errors, class_conds = class_conditions(dict(cls))
+    errors, conds = compile_selectors(body.get("selectors"), "selectors", f'request "{ref}"')
+    needs, need_error = _needs(body)
+    problem = ""
+    if class_errors:
+        problem = f'DeviceClass "{class_name}" has a selector that does not compile: {class_errors[0].message}'
+    elif errors:
+        problem = f"a selector of request \"{ref}\" does not compile: {errors[0].message}"
+    elif need_error:
+        problem = need_error
+    return _replace(base, class_conditions=tuple(class_conds), conditions=tuple(conds), needs=needs, problem=problem)
+
+
+def _replace(spec: RequestSpec, **changes: Any) -> RequestSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)
+
+
+def claim_plan(ref: str, spec: Mapping[str, Any], classes: Mapping[str, Obj]) -> ClaimPlan:
+    """The claim spec (`spec` of a ResourceClaim, `spec.spec` of a template) as the allocator reads it."""
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    devices = devices if isinstance(devices, Mapping) else {}
+    groups = []
+    for request in devices.get("requests") or ():
+        if not isinstance(request, Mapping):
+            continue
+        name = str(request.get("name", ""))
+        if isinstance(request.get("exactly"), Mapping):
+            groups.append(RequestGroup(name, (request_spec(request["exactly"], name, classes),)))
+        else:
+            subs = tuple(request_spec(s, f"{name}/{s.get('name', '')}", classes)
+                         for s in request.get("firstAvailable") or () if isinstance(s, Mapping))
+            groups.append(RequestGroup(name, subs))
+    constraints = []
+    problems = []
+    for i, c in enumerate(devices.get("constraints") or ()):
+        if not isinstance(c, Mapping):
+            continue
+        requests = tuple(str(r) for r in c.get("requests") or ())
+        if c.get("matchAttribute"):
+            constraints.append(Constraint(requests, str(c["matchAttribute"]), "matchAttribute"))
+        elif c.get("distinctAttribute"):
+            constraints.append(Constraint(requests, str(c["distinctAttribute"]), "distinctAttribute"))
+        else:
+            problems.append(f"constraint {i} has neither matchAttribute nor distinctAttribute")
+    return ClaimPlan(ref, tuple(groups), tuple(constraints), tuple(problems))

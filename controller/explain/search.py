@@ -1,0 +1,311 @@
+"""Can these claims be allocated together on this node? The scheduler's search, step by step.
+
+A port of the 1.36 structured allocator's search (k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/allocator_incubating.go: allocateOne, allocateDevice, constraint.go)
+for the devices of one node: claims in order, requests in order, a firstAvailable request tries its
+subrequests in order, each device slot walks the devices in first-fit order (the next slot of the same
+request starts after the device the previous one took), and every pick is checked against devices
+in use, shared counters, taints, the claim's constraints and capacity, then undone when a later slot
+cannot be filled. Quirks are kept: a distinctAttribute constraint remembers one value per request
+name, so it compares a new device only with the last one picked for the same request.
+
+The first solution found is the one the scheduler would take on this node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from controller.capacityfit import capacity_miss, consumption
+from controller.explain.funnel import untolerated_taint
+from controller.explain.requests import Constraint, RequestSpec
+from controller.explain.state import AllocatedState, CounterKey, DeviceKey, consumed_counters, device_key
+from controller.inventory import InventoryDevice
+
+MAX_RESULTS = 32  # AllocationResultsMaxSize
+
+
+class SearchLimit(Exception):
+    """The search took more steps than allowed."""
+
+
+class ConstraintError(Exception):
+    """allocationMode All picked a device a constraint refuses: the allocator reports an error."""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A request (or subrequest) with the devices of this node its selectors accept, in first-fit order."""
+
+    spec: RequestSpec
+    devices: tuple[InventoryDevice, ...]
+
+
+@dataclass(frozen=True)
+class ClaimInput:
+    ref: str
+    groups: tuple[tuple[Alternative, ...], ...]  # per request: its alternatives
+    constraints: tuple[Constraint, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pick:
+    request: str
+    device: InventoryDevice
+    consumed: Mapping[str, Fraction] = field(default_factory=dict)  # empty for a whole, exclusive device
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    found: bool
+    picks: tuple[tuple[Pick, ...], ...] = ()  # per claim
+    limited: bool = False
+    error: str = ""
+
+
+def attribute_value(device: InventoryDevice, name: str) -> Mapping[str, Any] | None:
+    """lookupAttribute: the fully qualified name, or the bare name when the domain is the device's driver."""
+    domain, _, short = name.partition("/")
+    if not short:
+        return None
+    return device.attribute(domain, short)
+
+
+def typed_value(value: Mapping[str, Any]) -> tuple[str, Any] | None:
+    for kind in ("string", "int", "bool", "version"):
+        if value.get(kind) is not None:
+            return kind, value[kind]
+    return None
+
+
+class _Match:
+    def __init__(self, c: Constraint) -> None:
+        self.c = c
+        self.value: tuple[str, Any] | None = None
+        self.n = 0
+
+    def add(self, base: str, sub: str, device: InventoryDevice) -> bool:
+        if not self.c.applies(f"{base}/{sub}" if sub else base):
+            return True
+        raw = attribute_value(device, self.c.attribute)
+        typed = typed_value(raw) if raw is not None else None
+        if typed is None:
+            return False
+        if self.n and typed != self.value:
+            return False
+        if not self.n:
+            self.value = typed
+        self.n += 1
+        return True
+
+    def remove(self, base: str, sub: str, device: InventoryDevice) -> None:
+        if self.c.applies(f"{base}/{sub}" if sub else base):
+            self.n -= 1
+
+
+class _Distinct:
+    def __init__(self, c: Constraint) -> None:
+        self.c = c
+        self.values: dict[str, tuple[str, Any]] = {}  # per request name, as the allocator keeps them
+        self.n = 0
+
+    def add(self, base: str, sub: str, device: InventoryDevice) -> bool:
+        if not self.c.applies(f"{base}/{sub}" if sub else base):
+            return True
+        raw = attribute_value(device, self.c.attribute)
+        typed = typed_value(raw) if raw is not None else None
+        if typed is None:
+            return False
+        if self.n and typed in self.values.values():
+            return False
+        self.values[base] = typed
+        self.n += 1
+        return True
+
+    def remove(self, base: str, sub: str, device: InventoryDevice) -> None:
+        if self.c.applies(f"{base}/{sub}" if sub else base):
+            self.values.pop(base, None)
+            self.n -= 1
+
+
+def _remover(constraint: _Match | _Distinct, spec: RequestSpec, device: InventoryDevice) -> Callable[[], None]:
+    return lambda: constraint.remove(spec.base, spec.sub, device)
+
+
+class Slot(NamedTuple):
+    """deviceIndices: which device of which (sub)request of which claim is being filled."""
+
+    claim: int
+    request: int
+    sub: int = 0
+    device: int = 0
+
+
+class _Search:
+    def __init__(self, claims: Sequence[ClaimInput], state: AllocatedState, budget: int, incomplete: bool) -> None:
+        self.claims = claims
+        self.state = state
+        self.budget = budget
+        self.incomplete = incomplete
+        self.calls = 0
+        self.allocating: dict[DeviceKey, set[int]] = {}
+        self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.counters: dict[CounterKey, Fraction] = {}
+        self.constraints = [[_Match(c) if c.kind == "matchAttribute" else _Distinct(c) for c in claim.constraints]
+                            for claim in claims]
+        self.results: list[list[Pick]] = [[] for _ in claims]
+        # allocationMode All: every selectable device with room, fixed before the search (validateDeviceRequest)
+        self.all_devices: dict[tuple[int, int, int], list[InventoryDevice]] = {}
+        for ci, claim in enumerate(claims):
+            for ri, alternatives in enumerate(claim.groups):
+                for si, alt in enumerate(alternatives):
+                    if alt.spec.mode != "All":
+                        continue
+                    if incomplete:
+                        raise ConstraintError(f"request {alt.spec.ref} asks for all devices, but a resource pool "
+                                              "of this node is being updated")
+                    self.all_devices[(ci, ri, si)] = [d for d in alt.devices if self.capacity_fits(alt.spec, d)]
+
+    # -- the allocator's checks -----------------------------------------------------------------
+    def in_use(self, key: DeviceKey) -> bool:
+        return key in self.state.dedicated or bool(self.allocating.get(key))
+
+    def capacity_fits(self, spec: RequestSpec, device: InventoryDevice) -> bool:
+        used = dict(self.state.in_use(device))
+        for k, v in self.capacity.get(device_key(device), {}).items():
+            used[k] = used.get(k, Fraction(0)) + v
+        return capacity_miss(device, spec.needs, used) is None
+
+    def allocate_device(self, ci: int, spec: RequestSpec, device: InventoryDevice,
+                        must: bool) -> Callable[[], None] | None:
+        key = device_key(device)
+        multi = device.allow_multiple
+        if not multi and spec.admin_access and ci in self.allocating.get(key, set()):
+            return None
+        if not spec.admin_access and self.in_use(key):
+            return None
+        undo: list[Callable[[], None]] = []
+
+        def rollback() -> None:
+            for step in reversed(undo):
+                step()
+
+        skip_counters = multi and (key in self.state.shared or key in self.capacity)
+        own = consumed_counters(device)
+        if own and not skip_counters:
+            if self.state.counter_shortfalls(device, self.counters):
+                return None
+            self._add_counters(own, 1)
+            undo.append(lambda: self._add_counters(own, -1))
+        if untolerated_taint(device, spec.tolerations) is not None:
+            rollback()
+            return None
+        for constraint in self.constraints[ci]:
+            if not constraint.add(spec.base, spec.sub, device):
+                rollback()
+                if must:
+                    raise ConstraintError(f"cannot add device {device.ref} because a claim constraint would not "
+                                          f"be satisfied ({constraint.c.describe()})")
+                return None
+            undo.append(_remover(constraint, spec, device))
+        if not multi:
+            self.allocating.setdefault(key, set()).add(ci)
+            undo.append(lambda: self.allocating[key].discard(ci))
+        if not self.capacity_fits(spec, device):
+            rollback()
+            return None
+        consumed: dict[str, Fraction] = {}
+        if multi:
+            consumed = consumption(device, spec.needs)
+            existed = key in self.capacity
+            entry = self.capacity.setdefault(key, {})
+            for k, v in consumed.items():
+                entry[k] = entry.get(k, Fraction(0)) + v
+
+            def release() -> None:
+                for k, v in consumed.items():
+                    entry[k] -= v
+                if not existed:
+                    self.capacity.pop(key, None)
+
+            undo.append(release)
+        self.results[ci].append(Pick(spec.ref, device, consumed))
+        undo.append(lambda: self._drop_last(ci))
+        return rollback
+
+    def _add_counters(self, own: Mapping[CounterKey, Fraction], sign: int) -> None:
+        for key, value in own.items():
+            self.counters[key] = self.counters.get(key, Fraction(0)) + sign * value
+
+    def _drop_last(self, ci: int) -> None:
+        self.results[ci].pop()
+
+    # -- allocateOne ------------------------------------------------------------------------------
+    def allocate_one(self, at: Slot, in_sub: bool, start: int) -> bool:
+        self.calls += 1
+        if self.calls > self.budget:
+            raise SearchLimit
+        if at.claim >= len(self.claims):
+            return True
+        claim = self.claims[at.claim]
+        if at.request >= len(claim.groups):
+            return self.allocate_one(Slot(at.claim + 1, 0), False, 0)
+        alternatives = claim.groups[at.request]
+        if not alternatives:
+            return self.allocate_one(Slot(at.claim, at.request + 1), False, 0)
+        if not in_sub and alternatives[0].spec.sub:
+            # firstAvailable: the first subrequest that can be allocated (with everything after it) wins
+            return any(self.allocate_one(Slot(at.claim, at.request, sub), True, 0)
+                       for sub in range(len(alternatives)))
+        alt = alternatives[at.sub]
+        spec = alt.spec
+        if spec.mode == "All":
+            devices = self.all_devices[(at.claim, at.request, at.sub)]
+            if not devices:
+                return False
+            needed = len(devices)
+        else:
+            devices = list(alt.devices)
+            needed = spec.count
+        if at.device >= needed:
+            return self.allocate_one(Slot(at.claim, at.request + 1), False, 0)
+        if len(self.results[at.claim]) + needed - at.device > MAX_RESULTS:
+            return False
+        following = at._replace(device=at.device + 1)
+        if spec.mode == "All":
+            undo = self.allocate_device(at.claim, spec, devices[at.device], must=True)
+            if undo is None:
+                return False
+            if self.allocate_one(following, in_sub, 0):
+                return True
+            undo()
+            return False
+        for position in range(start, len(devices)):
+            device = devices[position]
+            if not spec.admin_access and self.in_use(device_key(device)):
+                continue
+            if not self.capacity_fits(spec, device):
+                continue
+            undo = self.allocate_device(at.claim, spec, device, must=False)
+            if undo is None:
+                continue
+            if self.allocate_one(following, in_sub, position + 1):
+                return True
+            undo()
+        return False
+
+
+def search(claims: Sequence[ClaimInput], state: AllocatedState, *, budget: int = 50_000,
+           incomplete_pool: bool = False) -> SearchResult:
+    """The scheduler's first solution for `claims` on one node (their devices already limited to it)."""
+    try:
+        run = _Search(claims, state, budget, incomplete_pool)
+        found = run.allocate_one(Slot(0, 0), False, 0)
+    except SearchLimit:
+        return SearchResult(False, limited=True)
+    except ConstraintError as exc:
+        return SearchResult(False, error=str(exc))
+    return SearchResult(found, tuple(tuple(r) for r in run.results) if found else ())

@@ -1,0 +1,174 @@
+"""What the cluster's allocated ResourceClaims hold, booked the way kube-scheduler books it.
+
+kube-scheduler 1.36 (dynamicresources/allocateddevices.go) reads every allocated claim: a result with
+a `shareID` is one share of a device that allows multiple allocations and consumes its
+`consumedCapacity`; any other result takes the whole device; `adminAccess` results hold nothing. A
+device that is allocated in either way consumes its shared counters (MIG memory slices), once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from controller.capacityfit import quantity
+from controller.findings import DRIVER
+from controller.inventory import DeviceIndex, InventoryDevice, current_pools
+
+Obj = dict[str, Any]
+DeviceKey = tuple[str, str, str]  # driver, pool, device
+CounterKey = tuple[str, str, str]  # pool, counter set, counter
+
+
+def device_key(device: InventoryDevice) -> DeviceKey:
+    return (device.driver, device.pool, device.name)
+
+
+def object_ref(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta['namespace']}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name", ""))
+
+
+def reserved_pods(claim: Obj) -> tuple[str, ...]:
+    """`namespace/name` of the pods in the claim's status.reservedFor."""
+    namespace = (claim.get("metadata") or {}).get("namespace", "")
+    return tuple(
+        f"{namespace}/{r.get('name')}"
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, Mapping) and r.get("resource", "pods") == "pods"
+    )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One allocation result that holds (part of) a device."""
+
+    claim: str  # namespace/name
+    pods: tuple[str, ...]
+    request: str
+    share_id: str
+    consumed: Mapping[str, Fraction] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """`claim ns/c (pod ns/p)`, or `(not reserved by any pod)`."""
+        pods = ", ".join(f"pod {p}" for p in self.pods) if self.pods else "not reserved by any pod"
+        return f"claim {self.claim} ({pods})"
+
+
+@dataclass(frozen=True)
+class CounterShort:
+    """A shared counter that has too little left for a device: who holds it."""
+
+    counter_set: str
+    counter: str
+    available: Fraction
+    needed: Fraction
+    held_by: tuple[tuple[InventoryDevice, Holder], ...] = ()
+
+
+class AllocatedState:
+    """Who holds what, from the claims' status.allocation; shared counters from the pools' slices."""
+
+    def __init__(self, index: DeviceIndex, slices: Iterable[Obj], claims: Iterable[Obj], *,
+                 driver: str = DRIVER) -> None:
+        self.index = index
+        self.by_key: dict[DeviceKey, InventoryDevice] = {device_key(d): d for d in index.devices}
+        self.holders: dict[DeviceKey, list[Holder]] = {}
+        self.dedicated: set[DeviceKey] = set()
+        self.shared: dict[DeviceKey, dict[str, Fraction]] = {}
+        for claim in claims:
+            self._book(claim, driver)
+        self.counter_totals: dict[CounterKey, Fraction] = {}
+        self.pool_counters: dict[str, list[CounterKey]] = {}
+        for pool in current_pools(slices, driver=driver):
+            for s in pool.slices:
+                for counter_set in s["spec"].get("sharedCounters") or ():
+                    if not isinstance(counter_set, Mapping):
+                        continue
+                    for name, counter in (counter_set.get("counters") or {}).items():
+                        key = (pool.name, str(counter_set.get("name")), str(name))
+                        self.counter_totals[key] = quantity((counter or {}).get("value")) or Fraction(0)
+                        self.pool_counters.setdefault(pool.name, []).append(key)
+        self.counter_used: dict[CounterKey, Fraction] = {}
+        self.counter_holders: dict[CounterKey, list[InventoryDevice]] = {}
+        for key in set(self.dedicated) | set(self.shared):
+            device = self.by_key.get(key)
+            if device is None:
+                continue
+            for ckey, amount in consumed_counters(device).items():
+                self.counter_used[ckey] = self.counter_used.get(ckey, Fraction(0)) + amount
+                self.counter_holders.setdefault(ckey, []).append(device)
+
+    def _book(self, claim: Obj, driver: str) -> None:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        ref, pods = object_ref(claim), reserved_pods(claim)
+        for result in results:
+            if not isinstance(result, Mapping) or result.get("adminAccess") or result.get("driver") != driver:
+                continue
+            key = (driver, str(result.get("pool")), str(result.get("device")))
+            consumed = {str(k): quantity(v) or Fraction(0)
+                        for k, v in (result.get("consumedCapacity") or {}).items()}
+            share = str(result.get("shareID") or "")
+            self.holders.setdefault(key, []).append(Holder(ref, pods, str(result.get("request", "")), share, consumed))
+            if share:
+                used = self.shared.setdefault(key, {})
+                for k, v in consumed.items():
+                    used[k] = used.get(k, Fraction(0)) + v
+            else:
+                self.dedicated.add(key)
+
+    def holders_of(self, device: InventoryDevice) -> list[Holder]:
+        return self.holders.get(device_key(device), [])
+
+    def is_allocated(self, device: InventoryDevice) -> bool:
+        key = device_key(device)
+        return key in self.dedicated or key in self.shared
+
+    def is_dedicated(self, device: InventoryDevice) -> bool:
+        """Held whole by a result without a shareID (the allocator's AllocatedDevices)."""
+        return device_key(device) in self.dedicated
+
+    def in_use(self, device: InventoryDevice) -> dict[str, Fraction]:
+        """Capacity consumed by the shares on the device (the allocator's AggregatedCapacity)."""
+        return dict(self.shared.get(device_key(device), {}))
+
+    def used_memory(self, device: InventoryDevice) -> Fraction:
+        """Memory held on the device: all of it when held whole, else the sum of its shares."""
+        total = quantity((device.capacity("memory") or {}).get("value")) or Fraction(0)
+        if device_key(device) in self.dedicated:
+            return total
+        return self.shared.get(device_key(device), {}).get("memory", Fraction(0))
+
+    def counters_available(self, pool: str) -> dict[CounterKey, Fraction]:
+        return {k: self.counter_totals[k] - self.counter_used.get(k, Fraction(0))
+                for k in self.pool_counters.get(pool, [])}
+
+    def counter_shortfalls(self, device: InventoryDevice,
+                           allocating: Mapping[CounterKey, Fraction] | None = None) -> list[CounterShort]:
+        """checkAvailableCounters: adding the device's counters to those being allocated, does any counter of
+        its pool go above what is left? Empty when the device fits (or consumes no counters)."""
+        own = consumed_counters(device)
+        if not own:
+            return []
+        allocating = allocating or {}
+        shorts = []
+        for key, available in self.counters_available(device.pool).items():
+            needed = allocating.get(key, Fraction(0)) + own.get(key, Fraction(0))
+            if available < needed:
+                held = tuple((d, h) for d in self.counter_holders.get(key, []) for h in self.holders_of(d))
+                shorts.append(CounterShort(key[1], key[2], available, needed, held))
+        return shorts
+
+
+def consumed_counters(device: InventoryDevice) -> dict[CounterKey, Fraction]:
+    out: dict[CounterKey, Fraction] = {}
+    for entry in device.spec.get("consumesCounters") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        for name, counter in (entry.get("counters") or {}).items():
+            key = (device.pool, str(entry.get("counterSet")), str(name))
+            out[key] = out.get(key, Fraction(0)) + (quantity((counter or {}).get("value")) or Fraction(0))
+    return out

@@ -1,0 +1,101 @@
+"""Read what `tessera explain` and `tessera status` need from the apiserver, the way kubectl finds it.
+
+The kubeconfig is `--kubeconfig`, else $KUBECONFIG (a `:`-separated list is merged), else
+~/.kube/config, else the in-cluster service account; the namespace is `-n`, else the current
+context's, else `default`. Everything is read once, as plain JSON; nodes and other namespaces' pods
+are optional (a user without the right to list them still gets an answer, with a note).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+Obj = dict[str, Any]
+GROUP, VERSION = "resource.k8s.io", "v1"
+DRIVER = "gpu.tessera.dev"
+
+
+class ReadError(Exception):
+    """The cluster cannot be reached or refuses a read tessera needs; the message says which."""
+
+
+def kubeconfig_path(flag: str | None) -> str | None:
+    """The kubeconfig kubectl would use; None when there is none (then the in-cluster config is tried)."""
+    if flag:
+        return flag
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.exists() else None
+
+
+class ClusterReader:
+    """Lists over one API client; every method returns JSON objects as the apiserver sent them."""
+
+    def __init__(self, kubeconfig: str | None = None, *, timeout: float = 30.0) -> None:
+        from kubernetes import client, config
+
+        self.path = kubeconfig_path(kubeconfig)
+        self.context_namespace = "default"
+        try:
+            if self.path:
+                api_client = config.new_client_from_config(config_file=self.path)
+                _, active = config.list_kube_config_contexts(config_file=self.path)
+                self.context_namespace = str(((active or {}).get("context") or {}).get("namespace") or "default")
+            else:
+                config.load_incluster_config()
+                api_client = client.ApiClient()
+        except Exception as exc:  # the loaders raise ConfigException, OSError, yaml and key errors alike
+            where = self.path or "the in-cluster service account (no kubeconfig found)"
+            raise ReadError(f"cannot load the cluster configuration from {where}: {exc}") from exc
+        self._client = api_client
+        self._timeout = timeout
+
+    def _get(self, path: str, what: str, *, optional: bool = False, query: dict[str, str] | None = None) -> Obj | None:
+        try:
+            response = self._client.call_api(path, "GET", query_params=list((query or {}).items()),
+                                              header_params={"Accept": "application/json"},
+                                              auth_settings=["BearerToken"], _preload_content=False,
+                                              _request_timeout=self._timeout)
+            raw = response[0] if isinstance(response, tuple) else response
+            result: Obj = json.loads(raw.data)
+            return result
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            if optional and status in (401, 403, 404):
+                return None
+            reason = f"{status} {getattr(exc, 'reason', '')}".strip() if status else str(exc)
+            raise ReadError(f"cannot read {what} ({path}): {reason}") from exc
+
+    def _items(self, path: str, what: str, *, optional: bool = False,
+               query: dict[str, str] | None = None) -> list[Obj] | None:
+        listing = self._get(path, what, optional=optional, query=query)
+        return None if listing is None else [i for i in listing.get("items") or () if isinstance(i, dict)]
+
+    def resource_slices(self) -> list[Obj]:
+        return self._items(f"/apis/{GROUP}/{VERSION}/resourceslices", "resourceslices",
+                           query={"fieldSelector": f"spec.driver={DRIVER}"}) or []
+
+    def device_classes(self) -> dict[str, Obj]:
+        items = self._items(f"/apis/{GROUP}/{VERSION}/deviceclasses", "deviceclasses") or []
+        return {str((c.get("metadata") or {}).get("name")): c for c in items}
+
+    def resource_claims(self) -> list[Obj]:
+        """Every namespace's claims: allocations anywhere hold devices."""
+        return self._items(f"/apis/{GROUP}/{VERSION}/resourceclaims", "resourceclaims in all namespaces") or []
+
+    def templates(self, namespace: str) -> list[Obj]:
+        return self._items(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates",
+                           "resourceclaimtemplates", optional=True) or []
+
+    def pods(self, namespace: str | None = None) -> list[Obj] | None:
+        """Pods of one namespace, or of all (None when not allowed)."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return self._items(path, "pods", optional=True)
+
+    def nodes(self) -> list[Obj] | None:
+        return self._items("/api/v1/nodes", "nodes", optional=True)

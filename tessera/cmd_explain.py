@@ -1,0 +1,81 @@
+"""`tessera explain POD|pod/NAME|resourceclaim/NAME [-n NS]`: why a pod's claims are not allocated.
+
+For each claim and request: how many devices pass each step (driver, DeviceClass, selectors, capacity,
+allocation, taints, counters, constraints), and at the first step that leaves nothing, the reason and
+a fix. Exit status 0 when tessera's part is fine (allocated, or could be now), 1 when a claim cannot be
+allocated, 2 when the cluster cannot be read or the pod/claim does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+POD_KINDS = ("pod", "pods", "po")
+CLAIM_KINDS = ("resourceclaim", "resourceclaims", "claim", "claims")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="POD|pod/NAME|resourceclaim/NAME",
+                        help="a pod (the default kind) or a ResourceClaim")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+def parse_target(text: str) -> tuple[str, str]:
+    """`pod/x` -> ("pod", "x"); `resourceclaim/x` -> ("resourceclaim", "x"); `x` -> ("", "x")."""
+    kind, sep, name = text.partition("/")
+    if not sep:
+        return "", text
+    kind = kind.lower()
+    if kind in POD_KINDS:
+        return "pod", name
+    if kind in CLAIM_KINDS or kind.startswith("resourceclaims."):
+        return "resourceclaim", name
+    raise ValueError(f"{text!r}: explain takes a pod or a resourceclaim (pod/NAME or resourceclaim/NAME), "
+                     f"not {kind!r}")
+
+
+def run(args: argparse.Namespace) -> int:
+    return explain(args.target, namespace=args.namespace, kubeconfig=args.kubeconfig, output=args.output,
+                   out=sys.stdout, err=sys.stderr)
+
+
+def explain(target: str, *, namespace: str | None, kubeconfig: str | None, output: str, out: TextIO,
+            err: TextIO) -> int:
+    from controller.explain.explain import ClusterView, NotFound, explain_claim, explain_pod
+    from controller.explain.render import render_json, render_text
+    from tessera.clusterread import ClusterReader, ReadError
+
+    try:
+        kind, name = parse_target(target)
+    except ValueError as exc:
+        print(f"tessera explain: {exc}", file=err)
+        return 2
+    try:
+        reader = ClusterReader(kubeconfig)
+        ns = namespace or reader.context_namespace
+        view = ClusterView(
+            slices=reader.resource_slices(), classes=reader.device_classes(), claims=reader.resource_claims(),
+            pods=reader.pods(ns) or [], nodes=reader.nodes(), templates=reader.templates(ns),
+        )
+    except ReadError as exc:
+        print(f"tessera explain: {exc}", file=err)
+        return 2
+    try:
+        if kind == "resourceclaim" or (not kind and view.find("pod", ns, name) is None
+                                       and view.find("claim", ns, name) is not None):
+            explanation = explain_claim(view, ns, name)
+        else:
+            explanation = explain_pod(view, ns, name)
+    except NotFound as exc:
+        print(f"tessera explain: {exc}", file=err)
+        return 2
+    if output == "json":
+        out.write(json.dumps(render_json(explanation), indent=2) + "\n")
+    else:
+        out.write(render_text(explanation))
+    return 0 if explanation.verdict.ok and not explanation.problem else 1
