@@ -118,7 +118,8 @@ def request_spec(body: Mapping[str, Any], ref: str, classes: Mapping[str, Obj]) 
     ours = is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
     base = RequestSpec(ref, class_name, mode, count, tolerations=tolerations, admin_access=admin, ours=ours)
     if cls is None:
-        return _replace(base, problem=f'DeviceClass "{class_name}" does not exist')
+        # whoever's class it was meant to be, the scheduler stops at a class that does not exist
+        return _replace(base, ours=True, problem=f'DeviceClass "{class_name}" does not exist')
     class_errors, class_conds = class_conditions(dict(cls))
     errors, conds = compile_selectors(body.get("selectors"), "selectors", f'request "{ref}"')
     needs, need_error = _needs(body)

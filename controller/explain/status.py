@@ -1,0 +1,241 @@
+"""`tessera status`: per node and GPU, what allocated claims hold (whole cards, memory shares, MIG
+instances with their placement) and what is free, from the apiserver's objects alone.
+
+GPUs are the published full-GPU devices; a MIG device belongs to the GPU whose uuid is its
+`parentUUID` (a GPU in static MIG mode is not published itself: it is drawn from its instances).
+Where a MIG instance sits on its card comes from its `placement` attribute and the profile's size in
+memory slices (driver.mig). MIG placements still possible are the unallocated MIG devices whose shared
+counters are free, the same check the scheduler makes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from controller.explain.explain import ClusterView
+from controller.explain.state import AllocatedState, Holder
+from controller.inventory import InventoryDevice
+
+_MIG_PARENT = re.compile(r"^(gpu-\d+)-mig-")
+GiB = 1 << 30
+
+
+def fmt_memory(n: int) -> str:
+    """`40Gi`, `79.6Gi`, `512Mi`."""
+    if n % GiB == 0:
+        return f"{n // GiB}Gi"
+    if n >= GiB:
+        return f"{n / GiB:.1f}Gi"
+    return f"{n >> 20}Mi"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One allocation on a GPU."""
+
+    kind: str  # whole, share or mig
+    device: str  # the device name allocated (gpu-1, gpu-0-mig-1g10gb-6)
+    claim: str
+    pods: tuple[str, ...]
+    request: str
+    memory: int  # bytes
+    profile: str = ""
+    placement: int | None = None
+    slices: tuple[int, int] | None = None  # (first memory slice, how many), MIG only
+
+    @property
+    def label(self) -> str:
+        return self.pods[0] if self.pods else self.claim
+
+
+@dataclass
+class GpuStatus:
+    node: str
+    name: str
+    product: str
+    uuid: str
+    memory: int  # bytes the bar stands for
+    memory_slices: int = 0  # 8 on MIG-capable cards
+    mig: str = "none"  # none, static (instances only) or dynamic (placements created on demand)
+    segments: list[Segment] = field(default_factory=list)
+    mig_possible: dict[str, list[int]] = field(default_factory=dict)
+    published: bool = True  # False: a static-MIG card known only through its instances
+
+    @property
+    def allocated(self) -> int:
+        return sum(s.memory for s in self.segments)
+
+    @property
+    def free(self) -> int:
+        return max(self.memory - self.allocated, 0)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    gpus: tuple[GpuStatus, ...]
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    nodes: tuple[NodeStatus, ...]
+    unknown: tuple[str, ...] = ()  # allocations of devices no slice publishes any more
+
+
+def _memory(device: InventoryDevice) -> int:
+    return int(device.memory or 0)
+
+
+def _mig_geometry(device: InventoryDevice) -> tuple[str, int | None, tuple[int, int] | None, int]:
+    from driver.mig import layout_for
+
+    profile_attr = device.attribute(device.driver, "profile") or {}
+    placement_attr = device.attribute(device.driver, "placement") or {}
+    profile = str(profile_attr.get("string", ""))
+    placement = placement_attr.get("int")
+    layout = layout_for(device.product_name)
+    if layout is None or not isinstance(placement, int):
+        return profile, placement if isinstance(placement, int) else None, None, 0
+    try:
+        size = layout.profile(profile).memory_slices
+    except KeyError:
+        return profile, placement, None, layout.memory_slices
+    return profile, placement, (placement, size), layout.memory_slices
+
+
+def _segment(device: InventoryDevice, holder: Holder) -> Segment:
+    consumed = holder.consumed.get("memory")
+    total = _memory(device)
+    if device.device_type == "mig":
+        profile, placement, slices, _ = _mig_geometry(device)
+        return Segment("mig", device.name, holder.claim, holder.pods, holder.request, total, profile, placement,
+                       slices)
+    amount = int(consumed) if consumed is not None else total
+    kind = "share" if holder.share_id and amount < total else "whole"
+    return Segment(kind, device.name, holder.claim, holder.pods, holder.request, amount)
+
+
+def cluster_status(view: ClusterView) -> StatusReport:
+    state: AllocatedState = view.state
+    gpus: dict[tuple[str, str], GpuStatus] = {}  # (node, uuid or name) -> GPU
+    by_name: dict[tuple[str, str], GpuStatus] = {}
+    for device in view.index.devices:
+        if device.device_type != "gpu":
+            continue
+        uuid = str((device.attribute(device.driver, "uuid") or {}).get("string", device.name))
+        gpu = GpuStatus(device.node, device.name, device.product_name, uuid, _memory(device))
+        gpus[(device.node, uuid)] = by_name[(device.node, device.name)] = gpu
+        gpu.segments.extend(_segment(device, h) for h in state.holders_of(device))
+    for device in view.index.devices:
+        if device.device_type != "mig":
+            continue
+        gpu = _parent(device, gpus, by_name)
+        _, _, _, memory_slices = _mig_geometry(device)
+        gpu.memory_slices = max(gpu.memory_slices, memory_slices)
+        gpu.mig = "dynamic" if device.consumes_counters else "static"
+        if not gpu.published:
+            gpu.memory += _memory(device)  # a static card: its instances are what it offers
+        holders = state.holders_of(device)
+        gpu.segments.extend(_segment(device, h) for h in holders)
+        if not holders and not state.is_allocated(device) and not state.counter_shortfalls(device):
+            profile, placement, _, _ = _mig_geometry(device)
+            gpu.mig_possible.setdefault(profile, []).append(placement if placement is not None else -1)
+    for gpu in gpus.values():
+        gpu.segments.sort(key=lambda s: (s.slices[0] if s.slices else -1, s.claim))
+        for placements in gpu.mig_possible.values():
+            placements.sort()
+    nodes: dict[str, list[GpuStatus]] = {}
+    for gpu in sorted(gpus.values(), key=lambda g: (g.node, _index(g.name))):
+        nodes.setdefault(gpu.node, []).append(gpu)
+    known = set(state.by_key)
+    unknown = tuple(f"{key[1]}/{key[2]} ({', '.join(h.claim for h in holders)})"
+                    for key, holders in sorted(state.holders.items()) if key not in known)
+    return StatusReport(tuple(NodeStatus(n, tuple(g)) for n, g in sorted(nodes.items())), unknown)
+
+
+def _parent(device: InventoryDevice, gpus: dict[tuple[str, str], GpuStatus],
+            by_name: dict[tuple[str, str], GpuStatus]) -> GpuStatus:
+    """The GPU a MIG device is part of: by parentUUID, else by the gpu-<index> its name starts with."""
+    parent = str((device.attribute(device.driver, "parentUUID") or {}).get("string", ""))
+    found = gpus.get((device.node, parent))
+    if found is not None:
+        return found
+    match = _MIG_PARENT.match(device.name)
+    name = match.group(1) if match else device.name
+    found = by_name.get((device.node, name))
+    if found is None:
+        found = GpuStatus(device.node, name, device.product_name, parent, 0, published=False)
+        gpus[(device.node, parent)] = by_name[(device.node, name)] = found
+    return found
+
+
+def _index(name: str) -> tuple[int, str]:
+    digits = name.split("-", 1)[1] if "-" in name else ""
+    return (int(digits), name) if digits.isdigit() else (1 << 30, name)
+
+
+def status_json(report: StatusReport) -> dict[str, object]:
+    return {"nodes": [{"name": n.name, "gpus": [_gpu_json(g) for g in n.gpus]} for n in report.nodes],
+            "unknownAllocations": list(report.unknown)}
+
+
+def _gpu_json(g: GpuStatus) -> dict[str, object]:
+    return {
+        "name": g.name, "uuid": g.uuid, "product": g.product, "mig": g.mig, "published": g.published,
+        "memoryBytes": g.memory, "allocatedBytes": g.allocated, "freeBytes": g.free, "memorySlices": g.memory_slices,
+        "allocations": [{"kind": s.kind, "device": s.device, "claim": s.claim, "pods": list(s.pods),
+                         "request": s.request, "memoryBytes": s.memory, "memory": fmt_memory(s.memory),
+                         **({"profile": s.profile, "placement": s.placement,
+                             "memorySlices": list(s.slices) if s.slices else None} if s.kind == "mig" else {})}
+                        for s in g.segments],
+        "migPossible": g.mig_possible,
+    }
+
+
+
+def _allocation_text(s: Segment) -> str:
+    pods = ", ".join(s.pods) or "no pod"
+    if s.kind == "mig":
+        where = f" at slice {s.placement}" if s.placement is not None else ""
+        return f"MIG {s.profile}{where} ({s.device})  claim {s.claim}  pod {pods}"
+    what = "whole" if s.kind == "whole" else f"share {fmt_memory(s.memory)}"
+    return f"{what}  claim {s.claim}  pod {pods}"
+
+
+def _possible_text(g: GpuStatus) -> str:
+    parts = []
+    for profile, placements in sorted(g.mig_possible.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        at = ",".join(str(p) for p in placements if p >= 0)
+        parts.append(f"{profile} at {at}" if at else profile)
+    return "; ".join(parts)
+
+
+def status_table(report: StatusReport) -> str:
+    header = ("NODE", "GPU", "PRODUCT", "MEMORY", "FREE", "ALLOCATED")
+    rows: list[tuple[str, ...]] = []
+    for node in report.nodes:
+        first_of_node = True
+        for g in node.gpus:
+            allocations = [_allocation_text(s) for s in g.segments] or ["-"]
+            name = g.name if g.published else f"{g.name} (MIG)"
+            rows.append((node.name if first_of_node else "", name, g.product, fmt_memory(g.memory), fmt_memory(g.free),
+                         allocations[0]))
+            rows.extend(("", "", "", "", "", a) for a in allocations[1:])
+            if g.mig != "none":
+                possible = _possible_text(g) or "none"
+                rows.append(("", "", "", "", "", f"MIG still possible: {possible}"))
+            first_of_node = False
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+             for r in [header, *rows]]
+    gpus = [g for n in report.nodes for g in n.gpus]
+    segments = [s for g in gpus for s in g.segments]
+    summary = (f"{len(report.nodes)} node(s), {len(gpus)} GPU(s): {sum(s.kind == 'whole' for s in segments)} whole, "
+               f"{sum(s.kind == 'share' for s in segments)} share(s), {sum(s.kind == 'mig' for s in segments)} MIG "
+               f"instance(s) allocated; {fmt_memory(sum(g.free for g in gpus))} of "
+               f"{fmt_memory(sum(g.memory for g in gpus))} GPU memory free")
+    lines += ["", summary]
+    if report.unknown:
+        lines.append("allocated devices no ResourceSlice publishes any more: " + "; ".join(report.unknown))
+    return "\n".join(lines) + "\n"
