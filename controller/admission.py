@@ -114,7 +114,8 @@ class AdmissionHandler:
         ctx = self._context()
         if endpoint == MUTATE_CLAIM:
             return _mutation(obj, spec, path, kind, ctx)
-        return _judged(check_claim_spec(spec, path, ctx).findings, kind, _name(obj))
+        target = _explain_target(obj, kind, str(request.get("namespace") or ""))
+        return _judged(check_claim_spec(spec, path, ctx, explain=target).findings, kind, _name(obj))
 
 
 def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:
@@ -139,6 +140,16 @@ def _claim_spec(obj: Obj, kind: str) -> tuple[Any, str]:
     if kind == "ResourceClaimTemplate":
         return (spec.get("spec") if isinstance(spec, dict) else None), "spec.spec"
     return spec, "spec"
+
+
+def _explain_target(obj: Obj, kind: str, namespace: str) -> str:
+    """What to pass to `tessera explain` for this object: the claim itself, or a pod using the template."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace") or namespace
+    flag = f" -n {ns}" if ns else ""
+    if kind == "ResourceClaim" and meta.get("name"):
+        return f"resourceclaim/{meta['name']}{flag}"
+    return f"pod/<a pod using it>{flag}"
 
 
 def _name(obj: Obj) -> str:

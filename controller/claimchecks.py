@@ -70,8 +70,17 @@ def request_names(spec: Obj) -> list[str]:
     return names
 
 
-def check_claim_spec(spec: Obj, path: str, ctx: CheckContext) -> ClaimReport:
-    """All rules for one ResourceClaimSpec at `path` ("spec" for a claim, "spec.spec" for a template)."""
+def explain_hint(target: str = "") -> str:
+    """Where a claim is admitted but no device can serve it today: the command that says which step is in the
+    way (`target` names the claim, e.g. `resourceclaim/x -n ns`; a pod using it otherwise)."""
+    return f"`tessera explain {target or 'pod/<a pod using it>'}` shows which step rules each device out"
+
+
+def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = "") -> ClaimReport:
+    """All rules for one ResourceClaimSpec at `path` ("spec" for a claim, "spec.spec" for a template).
+
+    `explain` is the `tessera explain` target for the object, named in warnings about requests no device can
+    serve today."""
     if not isinstance(spec, dict):
         return ClaimReport((error(path, "must be an object"),))
     devices = spec.get("devices") or {}
@@ -97,19 +106,20 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext) -> ClaimReport:
         name = str(request.get("name", ""))
         rpath = f"{path}.devices.requests[{i}]"
         if isinstance(request.get("exactly"), dict):
-            report = _check_request(request["exactly"], f"{rpath}.exactly", name, ctx, findings)
+            report = _check_request(request["exactly"], f"{rpath}.exactly", name, ctx, findings, explain=explain)
             if report:
                 reports.append(report)
         for j, sub in enumerate(request.get("firstAvailable") or []):
             if isinstance(sub, dict):
                 ref = f"{name}/{sub.get('name', '')}"
-                report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings)
+                report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings, explain=explain)
                 if report:
                     reports.append(report)
     return ClaimReport(tuple(findings), tuple(reports))
 
 
-def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding]) -> RequestReport | None:
+def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding], *,
+                   explain: str = "") -> RequestReport | None:
     class_name = str(body.get("deviceClassName", ""))
     if not targets_tessera(ctx, class_name):
         near = _near_tessera_class(ctx, class_name)
@@ -171,13 +181,15 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
         findings.extend(runtime_findings(mine, set(), used_by))
         best = result.best_node()
         if best is None and ctx.inventory.devices and not mine.failures:
-            findings.append(no_match_finding(path, f'request "{name}"', result, ctx.inventory.incomplete_pools))
+            found = no_match_finding(path, f'request "{name}"', result, ctx.inventory.incomplete_pools)
+            findings.append(warning(found.path, f"{found.message}; {explain_hint(explain)}"))
         elif best is not None and count > best[1]:
             findings.append(
                 warning(
                     f"{path}.count",
                     f'request "{name}" asks for {count} devices on one node, but no node has more than {best[1]} '
-                    f"matching devices ({best[0]}); pods using this claim would stay Pending",
+                    f"matching devices ({best[0]}); pods using this claim would stay Pending; "
+                    f"{explain_hint(explain)}",
                 )
             )
     return RequestReport(name, path, class_name, count, result)

@@ -239,7 +239,8 @@ def test_count_larger_than_any_node_offers_warns(inventory):
     assert f.path == "spec.devices.requests[0].exactly.count"
     assert f.message == (
         'request "gpu" asks for 6 devices on one node, but no node has more than 4 matching devices (node-b); '
-        "pods using this claim would stay Pending"
+        "pods using this claim would stay Pending; `tessera explain pod/<a pod using it>` shows which step rules "
+        "each device out"
     )
 
 
