@@ -8,7 +8,6 @@ are optional (a user without the right to list them still gets an answer, with a
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -55,47 +54,57 @@ class ClusterReader:
         self._client = api_client
         self._timeout = timeout
 
-    def _get(self, path: str, what: str, *, optional: bool = False, query: dict[str, str] | None = None) -> Obj | None:
+    def _call(self, what: str, fn: Any, *args: Any, optional: bool = False, **kwargs: Any) -> Any:
         try:
-            response = self._client.call_api(path, "GET", query_params=list((query or {}).items()),
-                                              header_params={"Accept": "application/json"},
-                                              auth_settings=["BearerToken"], _preload_content=False,
-                                              _request_timeout=self._timeout)
-            raw = response[0] if isinstance(response, tuple) else response
-            result: Obj = json.loads(raw.data)
-            return result
-        except Exception as exc:
+            return fn(*args, _request_timeout=self._timeout, **kwargs)
+        except Exception as exc:  # ApiException for HTTP errors, urllib3 errors for the connection
             status = getattr(exc, "status", None)
             if optional and status in (401, 403, 404):
                 return None
-            reason = f"{status} {getattr(exc, 'reason', '')}".strip() if status else str(exc)
-            raise ReadError(f"cannot read {what} ({path}): {reason}") from exc
+            reason = f"{status} {getattr(exc, 'reason', '') or ''}".strip() if status else str(exc)
+            raise ReadError(f"cannot read {what}: {reason}") from exc
 
-    def _items(self, path: str, what: str, *, optional: bool = False,
-               query: dict[str, str] | None = None) -> list[Obj] | None:
-        listing = self._get(path, what, optional=optional, query=query)
+    def _custom(self, plural: str, what: str, namespace: str = "", *, optional: bool = False,
+                **kwargs: Any) -> list[Obj] | None:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client)
+        if namespace:
+            listing = self._call(what, api.list_namespaced_custom_object, GROUP, VERSION, namespace, plural,
+                                 optional=optional, **kwargs)
+        else:
+            listing = self._call(what, api.list_cluster_custom_object, GROUP, VERSION, plural, optional=optional,
+                                 **kwargs)
         return None if listing is None else [i for i in listing.get("items") or () if isinstance(i, dict)]
 
+    def _core(self, what: str, method: str, *args: Any, optional: bool = False) -> list[Obj] | None:
+        from kubernetes import client
+
+        listing = self._call(what, getattr(client.CoreV1Api(self._client), method), *args, optional=optional)
+        if listing is None:
+            return None
+        items: list[Obj] = self._client.sanitize_for_serialization(listing).get("items") or []
+        return items
+
     def resource_slices(self) -> list[Obj]:
-        return self._items(f"/apis/{GROUP}/{VERSION}/resourceslices", "resourceslices",
-                           query={"fieldSelector": f"spec.driver={DRIVER}"}) or []
+        return self._custom("resourceslices", "resourceslices", field_selector=f"spec.driver={DRIVER}") or []
 
     def device_classes(self) -> dict[str, Obj]:
-        items = self._items(f"/apis/{GROUP}/{VERSION}/deviceclasses", "deviceclasses") or []
+        items = self._custom("deviceclasses", "deviceclasses") or []
         return {str((c.get("metadata") or {}).get("name")): c for c in items}
 
     def resource_claims(self) -> list[Obj]:
         """Every namespace's claims: allocations anywhere hold devices."""
-        return self._items(f"/apis/{GROUP}/{VERSION}/resourceclaims", "resourceclaims in all namespaces") or []
+        return self._custom("resourceclaims", "resourceclaims in all namespaces") or []
 
     def templates(self, namespace: str) -> list[Obj]:
-        return self._items(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates",
-                           "resourceclaimtemplates", optional=True) or []
+        return self._custom("resourceclaimtemplates", "resourceclaimtemplates", namespace, optional=True) or []
 
     def pods(self, namespace: str | None = None) -> list[Obj] | None:
         """Pods of one namespace, or of all (None when not allowed)."""
-        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-        return self._items(path, "pods", optional=True)
+        if namespace:
+            return self._core(f"pods in {namespace}", "list_namespaced_pod", namespace, optional=True)
+        return self._core("pods in all namespaces", "list_pod_for_all_namespaces", optional=True)
 
     def nodes(self) -> list[Obj] | None:
-        return self._items("/api/v1/nodes", "nodes", optional=True)
+        return self._core("nodes", "list_node", optional=True)

@@ -173,7 +173,7 @@ def _read_values(spec: RequestSpec, device: InventoryDevice) -> str:
 def _capacity(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
     spec = f.request
     ask = ", ".join(f"{n.text} of {n.key}" for n in spec.needs) or "a whole device"
-    devices, claims, pods = _refs(drops)
+    devices = tuple(d.device.ref for d in drops)
     missing = [d for d in drops if d.miss is not None and d.miss.kind == "missing"]
     if missing and len(missing) == len(drops):
         key = missing[0].miss.key if missing[0].miss else ""
@@ -188,7 +188,8 @@ def _capacity(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> V
         return Verdict(False, "capacity", f"no card has {ask} free: the largest free amount is {fmt_amount(free)}, "
                        f"on {best.device.ref} (the rest is held by {_holders_text(best.holders)})",
                        f"ask for {fmt_amount(free)} or less, or {_freeing(best.holders)} to free memory on "
-                       f"{best.device.ref}", (best.device.ref,), claims, pods)
+                       f"{best.device.ref}", (best.device.ref,), tuple(dict.fromkeys(h.claim for h in best.holders)),
+                       tuple(dict.fromkeys(p for h in best.holders for p in h.pods)))
     largest = max(drops, key=lambda d: d.device.memory or 0)
     reason = f"no device can hold {ask}: {largest.device.ref}, the largest, {_clause(largest.why)}"
     fix = f"ask for at most {fmt_amount(Fraction(largest.device.memory))}" if largest.device.memory else \
