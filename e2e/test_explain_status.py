@@ -297,3 +297,152 @@ def test_status_matches_the_claims_allocations_and_draws_valid_svg(cluster: Clus
     assert rc == 0
     for name, _, _ in examples:
         assert f"pod {namespace}/{name}" in table
+
+
+ORACLE_CASES: list[tuple[str, Obj]] = [
+    ("one", claim_spec(request())),
+    ("four-linked", claim_spec(request(count=4), same_island=True)),
+    ("five", claim_spec(request(count=5))),
+    ("share-30", claim_spec(request(memory="30Gi"))),
+    ("share-70", claim_spec(request(memory="70Gi"))),
+    ("two-shares", claim_spec(request("a", memory="20Gi"), request("b", memory="20Gi"))),
+    ("mig-3g-twice", claim_spec(request(device_class=f"mig.{DRIVER}", count=2,
+                                        selectors=[f'{A}.profile == "3g.40gb"']))),
+    ("mig-any-two", claim_spec(request(device_class=f"mig.{DRIVER}", count=2))),
+    ("a100-or-h100", {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+        {"name": "a100", "deviceClassName": DRIVER, "count": 3,
+         "selectors": [{"cel": {"expression": f'{A}.productName.contains("A100")'}}]},
+        {"name": "h100", "deviceClassName": f"h100.{DRIVER}", "count": 2}]}],
+        "constraints": [{"matchAttribute": f"{DRIVER}/nvlinkIsland"}]}}),
+    ("distinct-pcie", {"devices": {"requests": [request(count=3)],
+                                   "constraints": [{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}]}}),
+]
+
+
+def test_explains_search_agrees_with_the_scheduler_allocator_claim_by_claim(cluster: Cluster, kube: Kube,
+                                                                            namespace: str) -> None:
+    """With some cards partly and fully held, every claim's nodes (and devices) match the Go allocator's."""
+    running(kube, namespace, "hold-share", claim_spec(request(memory="25Gi")), A100)
+    running(kube, namespace, "hold-whole", claim_spec(request()), A100)
+    running(kube, namespace, "hold-mig", claim_spec(request(device_class=f"mig.{DRIVER}", selectors=[
+        f'{A}.profile == "3g.40gb"'])), MIG)
+    for name, spec in ORACLE_CASES:
+        kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": name, "namespace": namespace}, "spec": spec})
+    disagreements = []
+    for name, _ in ORACLE_CASES:
+        _, doc = explain(cluster, namespace, f"resourceclaim/{name}")
+        claim = kube.get("ResourceClaim", name, namespace)
+        oracle = oracle_nodes(cluster, kube, claim, [A100, DGX, MIG])
+        [report] = doc["claims"]
+        found = report.get("search", {}).get("nodesFound", [])
+        want = sorted(n for n, devices in oracle.items() if devices)
+        if found != want:
+            disagreements.append(f"{name}: explain {found}, allocator {want} ({doc['verdict']['reason']})")
+        elif report["picks"]:
+            node = report["picks"][0]["node"]
+            if sorted(p["device"] for p in report["picks"]) != sorted(oracle[node]):
+                disagreements.append(f"{name} on {node}: explain {report['picks']}, allocator {oracle[node]}")
+    assert not disagreements, "\n".join(disagreements)
+
+
+def _device(name: str, attributes: dict[str, Any], memory: str = "40Gi", **extra: Any) -> Obj:
+    attrs = {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA A100-PCIE-40GB"}}
+    attrs.update(attributes)
+    return {"name": name, "attributes": attrs, "capacity": {"memory": {"value": memory}}, **extra}
+
+
+def _slice(node: str, devices: list[Obj], counters: list[Obj] | None = None) -> list[Obj]:
+    pool = {"name": node, "generation": 0, "resourceSliceCount": 2 if counters else 1}
+    out = [{"metadata": {"name": f"{node}-0"}, "spec": {"driver": DRIVER, "nodeName": node, "pool": pool,
+                                                        "devices": devices}}]
+    if counters:
+        out.append({"metadata": {"name": f"{node}-1"}, "spec": {"driver": DRIVER, "nodeName": node, "pool": pool,
+                                                                "sharedCounters": counters}})
+    return out
+
+
+def _claim(name: str, requests: list[Obj], constraints: list[Obj] | None = None) -> Obj:
+    devices: Obj = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": f"00000000-0000-4000-8000-{len(name):012d}"},
+            "spec": {"devices": devices}}
+
+
+def _numa(i: int) -> dict[str, Any]:
+    return {"numaNode": {"int": i}}
+
+
+SHARED = {"allowMultipleAllocations": True}
+POLICY = {"value": "6Gi", "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi", "step": "2Gi"}}}
+COUNTERS = [{"name": "gpu-0-counters", "counters": {"slices": {"value": "4"}}}]
+
+
+def _part(name: str, slices: int) -> Obj:
+    return _device(name, {"type": {"string": "mig"}}, consumesCounters=[
+        {"counterSet": "gpu-0-counters", "counters": {"slices": {"value": str(slices)}}}])
+
+
+SYNTHETIC: list[tuple[str, list[Obj], list[Obj], Obj]] = [
+    # (case, slices, allocated claims, claim)
+    ("distinct keeps one value per request name", _slice("n", [_device(f"d{i}", _numa(v)) for i, v in
+                                                              enumerate([0, 1, 0])]), [],
+     _claim("c", [request(count=3)], [{"distinctAttribute": f"{DRIVER}/numaNode"}])),
+    ("distinct over two requests", _slice("n", [_device(f"d{i}", _numa(v)) for i, v in enumerate([0, 0, 1])]), [],
+     _claim("c", [request("a"), request("b", count=2)], [{"distinctAttribute": f"{DRIVER}/numaNode"}])),
+    ("match over named requests only", _slice("n", [_device(f"d{i}", _numa(v)) for i, v in enumerate([0, 1, 1])]),
+     [], _claim("c", [request("a"), request("b"), request("x")], [{"requests": ["a", "b"],
+                                                                   "matchAttribute": f"{DRIVER}/numaNode"}])),
+    ("request policy rounds shares up", _slice("n", [{**_device("d0", {}), **SHARED,
+                                                      "capacity": {"memory": POLICY}}]), [],
+     _claim("c", [request("a", memory="3Gi"), request("b", memory="2Gi")])),
+    ("request policy rounding overflows", _slice("n", [{**_device("d0", {}), **SHARED,
+                                                        "capacity": {"memory": POLICY}}]), [],
+     _claim("c", [request("a", memory="4Gi"), request("b", memory="1Gi")])),
+    ("counters shared by partitions", _slice("n", [_part("p0", 2), _part("p1", 2), _part("p2", 3)], COUNTERS), [],
+     _claim("c", [request(count=2, device_class="any")])),
+    ("counters exhausted together", _slice("n", [_part("p0", 3), _part("p1", 2)], COUNTERS), [],
+     _claim("c", [request(count=2, device_class="any")])),
+    ("all mode takes every matching device", _slice("n", [_device(f"d{i}", _numa(i % 2)) for i in range(4)]), [],
+     _claim("c", [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "All",
+                                               "selectors": [{"cel": {"expression": f"{A}.numaNode == 1"}}]}}])),
+    ("taints and tolerations", _slice("n", [
+        _device("d0", {}, taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]),
+        _device("d1", {}, taints=[{"key": "k", "effect": "NoExecute"}]),
+        _device("d2", {}, taints=[{"key": "other", "effect": "None"}])]), [],
+     _claim("c", [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 2,
+                                              "tolerations": [
+         {"key": "k", "operator": "Exists", "effect": "NoExecute"}]}}])),
+    ("whole device next to a share", _slice("n", [{**_device("d0", {}), **SHARED}, {**_device("d1", {}), **SHARED}]),
+     [{**_claim("held", [request(memory="8Gi")]), "status": {"allocation": {"devices": {"results": [
+         {"request": "gpu", "driver": DRIVER, "pool": "n", "device": "d0",
+          "shareID": "00000000-0000-4000-8000-000000000aaa", "consumedCapacity": {"memory": "8Gi"}}]}}}}],
+     _claim("c", [request("whole"), request("share", memory="32Gi")])),
+]
+
+
+@pytest.mark.parametrize("case", SYNTHETIC, ids=[c[0] for c in SYNTHETIC])
+def test_explains_search_matches_the_go_allocator_on_synthetic_pools(cluster: Cluster,
+                                                                    case: tuple[str, list[Obj], list[Obj], Obj]
+                                                                    ) -> None:
+    """Corners a live cluster does not reach (a distinct value remembered per request name, request-policy
+    rounding, counters between partitions, allocationMode All, taint effects), against the scheduler's code."""
+    from controller.explain.explain import ClusterView, search_claim
+
+    _, slices, allocated, claim = case
+    classes = [{"metadata": {"name": DRIVER}, "spec": {"selectors": [{"cel": {"expression": f"{A}.type == 'gpu'"}}]}},
+               {"metadata": {"name": "any"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}]
+    node = {"metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n"}}}
+    payload = {"node": node, "slices": slices, "classes": classes, "claims": [claim], "allocatedClaims": allocated}
+    proc = subprocess.run([str(cluster.harness), "allocate"], input=json.dumps(payload), capture_output=True,
+                          text=True, timeout=120, check=False)
+    result = json.loads(proc.stdout)
+    want = sorted((r["request"], r["device"]) for r in result["allocations"][0]["devices"]["results"]) \
+        if result.get("allocations") else []
+    view = ClusterView(slices, {c["metadata"]["name"]: c for c in classes}, allocated)
+    mine = search_claim(view, claim, "n")
+    got = sorted((p.request, p.device.name) for p in mine.picks[0]) if mine.found else []
+    assert got == want, f"{case[0]}: explain {got}, allocator {want} {result.get('error', '')}"

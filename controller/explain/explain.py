@@ -278,3 +278,13 @@ def _pod_verdict(view: ClusterView, reports: Sequence[ClaimReport], alone: Mappi
     what = "the claim could" if kind == "resourceclaim" else "every claim of the pod is allocated or could"
     return Verdict(True, reason=f"tessera's part is fine: {what} be allocated now (on {where})",
                    nodes=tuple(sorted(nodes)))
+
+
+def search_claim(view: ClusterView, claim: Obj, node: str) -> SearchResult:
+    """What the scheduler would allocate for one claim on one node, from the same code `explain` runs."""
+    plan = claim_plan(object_ref(claim), claim.get("spec") or {}, view.classes)
+    funnels = {s.ref: funnel(s, view.index, {node}, view.state, view.evaluator)
+               for g in plan.groups for s in g.alternatives if s.ours and not s.problem}
+    if any(not s.ours or s.problem for g in plan.groups for s in g.alternatives):
+        return SearchResult(False, error="a request names a class that is missing or not tessera's")
+    return _search([_claim_input(plan, funnels, node)], node, view)
