@@ -302,3 +302,40 @@ def test_the_funnel_counts_what_the_webhooks_match_counts(cluster: FakeCluster) 
         webhook = match(Requirement(spec.all_conditions, spec.needs), v.index, Evaluator())
         assert f.step("capacity").count == webhook.total, body
         assert f.step("capacity").per_node == dict(webhook.per_node), body
+
+
+def test_a_taken_static_mig_instance_is_held_by_its_claim() -> None:
+    c = FakeCluster()
+    c.publish("node-x", "mixed")  # gpu-1 in MIG mode with three static instances
+    c.shipped_classes()
+    c.run_pod("holder", "holder", ("node-x", "gpu-1-mig-3g40gb-0"))
+    c.claim("want", exactly(device_class="mig.gpu.tessera.dev", selectors=[f'{D}.profile == "3g.40gb"']))
+    c.pod("p", "want")
+    e = explain(c)
+    assert e.verdict.step == "allocation"
+    assert e.verdict.devices == ("node-x/gpu-1-mig-3g40gb-0",) and e.verdict.pods == ("default/holder",)
+
+
+@pytest.mark.parametrize(("toleration", "tolerated"), [
+    ({"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}, True),
+    ({"key": "k", "value": "v"}, True),  # Equal is the default operator, any effect
+    ({"key": "k", "operator": "Equal", "value": "w"}, False),
+    ({"key": "k", "operator": "Exists"}, True),
+    ({"operator": "Exists"}, True),  # empty key with Exists tolerates everything
+    ({"key": "other", "operator": "Exists"}, False),
+    ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, False),
+])
+def test_tolerations_follow_the_scheduler(toleration: dict[str, str], tolerated: bool) -> None:
+    from controller.explain.funnel import tolerates
+
+    assert tolerates(toleration, {"key": "k", "value": "v", "effect": "NoSchedule"}) is tolerated
+
+
+def test_a_request_for_another_drivers_class_is_left_to_that_driver(cluster: FakeCluster) -> None:
+    cluster.add_class("nic.example.com", 'device.driver == "nic.example.com"')
+    cluster.claim("want", exactly(), exactly("nic", device_class="nic.example.com"))
+    cluster.pod("p", "want")
+    e = explain(cluster)
+    assert e.verdict.ok
+    nic = e.claims[0].requests[1]
+    assert nic.funnel is None and "not tessera's" in nic.verdict.reason
