@@ -339,3 +339,19 @@ def test_a_request_for_another_drivers_class_is_left_to_that_driver(cluster: Fak
     assert e.verdict.ok
     nic = e.claims[0].requests[1]
     assert nic.funnel is None and "not tessera's" in nic.verdict.reason
+
+
+def test_a_share_with_a_full_card_among_the_candidates_is_still_a_memory_failure(cluster: FakeCluster) -> None:
+    """A card held whole has no room either: the answer is the largest free amount, not 'taken'."""
+    cluster.run_pod("whole", "whole", ("node-a", "gpu-0"))
+    cluster.run_pod("s1", "s1", ("node-a", "gpu-1"), memory="10Gi")
+    cluster.run_pod("s2", "s2", ("node-a", "gpu-1"), memory="10Gi")
+    cluster.run_pod("s3", "s3", ("node-a", "gpu-2"), memory="25Gi")
+    cluster.run_pod("s4", "s4", ("node-a", "gpu-3"), memory="25Gi")
+    cluster.claim("want", exactly(memory="25Gi"))
+    cluster.pod("p", "want", node_selector=ON_A)
+    e = explain(cluster)
+    assert e.verdict.step == "capacity"
+    assert "the largest free amount is 20Gi, on node-a/gpu-1" in e.verdict.reason
+    assert e.verdict.claims == ("default/s1", "default/s2")
+    assert "claim default/s1 (pod default/s1) and claim default/s2 (pod default/s2)" in e.verdict.reason

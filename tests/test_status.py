@@ -95,7 +95,7 @@ def test_the_table_shows_every_gpu_and_holder(cluster: FakeCluster, monkeypatch:
                for line in lines)
     assert any("share 12Gi  claim default/s2  pod default/s2" in line for line in lines)
     assert any("MIG 1g.10gb at slice 6 (gpu-0-mig-1g10gb-6)  claim default/m  pod default/m" in line for line in lines)
-    assert "MIG still possible: 1g.10gb at 4,5; 1g.20gb at 4; 2g.20gb at 4" in out
+    assert "MIG placements free: 1g.10gb at 4,5; 1g.20gb at 4; 2g.20gb at 4" in out
     assert lines[-1].startswith("3 node(s), 9 GPU(s): 1 whole, 2 share(s), 2 MIG instance(s) allocated")
 
 
@@ -148,3 +148,11 @@ def test_an_unwritable_svg_path_is_a_clear_error(cluster: FakeCluster, monkeypat
     rc = main(["--log-level", "error", "status", "--svg", str(tmp_path / "missing" / "x.svg")])
     assert rc == 2
     assert "tessera status: cannot write" in capsys.readouterr().err
+
+
+def test_placements_are_written_as_ranges() -> None:
+    from controller.explain.status import _ranges
+
+    assert _ranges([0, 1, 2, 3, 4, 5, 6]) == "0-6"
+    assert _ranges([0, 2, 4, 6]) == "0,2,4,6"
+    assert _ranges([0, 1, 3, 4, 5]) == "0,1,3-5"

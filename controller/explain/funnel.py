@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import CapacityMiss, capacity_miss
+from controller.capacityfit import CapacityMiss, capacity_miss, fmt_amount
 from controller.explain.requests import RequestSpec
 from controller.explain.state import AllocatedState, CounterShort, Holder
 from controller.findings import DRIVER
@@ -166,17 +166,16 @@ def funnel(request: RequestSpec, index: DeviceIndex, nodes: set[str] | None, sta
 
 
 def _capacity(request: RequestSpec, devices: list[InventoryDevice], state: AllocatedState) -> Step:
-    """The request's capacity fits: statically, and (for a share) in what the card's other shares leave.
+    """The request's capacity fits: statically, and (for a share) in what the card's other claims leave.
 
-    A card with nothing of the asked capacity left, or held whole, counts as taken (allocation step)."""
+    A request that names no capacity takes the whole device; a card others use is taken for it (allocation
+    step), not too small."""
     kept: list[InventoryDevice] = []
     drops: list[Drop] = []
     for device in devices:
         miss = capacity_miss(device, request.needs)
         if miss is None and request.needs and device.allow_multiple:
-            live = capacity_miss(device, request.needs, state.in_use(device))
-            if live is not None and live.kind == "in-use" and (live.free or 0) > 0:
-                miss = live
+            miss = capacity_miss(device, request.needs, state.in_use(device))
         if miss is None:
             kept.append(device)
         else:
@@ -198,9 +197,10 @@ def _largest_free(devices: Iterable[InventoryDevice], state: AllocatedState) -> 
             best = (free, device)
     if best is None:
         return ""
-    from controller.capacityfit import fmt_amount
-
-    return f"largest free memory: {fmt_amount(max(best[0], Fraction(0)))} on {best[1].ref}"
+    free = max(best[0], Fraction(0))
+    shown = f"{float(free) / (1 << 30):.1f}Gi" if free.denominator == 1 and free.numerator % (1 << 30) \
+        else fmt_amount(free)
+    return f"largest free memory: {shown} on {best[1].ref}"
 
 
 def _allocation(request: RequestSpec, devices: tuple[InventoryDevice, ...], state: AllocatedState) -> Step:
@@ -211,7 +211,7 @@ def _allocation(request: RequestSpec, devices: tuple[InventoryDevice, ...], stat
         if not request.admin_access and state.is_dedicated(device):
             drops.append(Drop(device, "allocated", holders))
             continue
-        if device.allow_multiple:
+        if device.allow_multiple and not request.needs:
             miss = capacity_miss(device, request.needs, state.in_use(device))
             if miss is not None:
                 drops.append(Drop(device, miss.reason, holders, miss))

@@ -42,7 +42,7 @@ def is_share(holder: Holder, device: InventoryDevice) -> bool:
 
 
 def _holders_text(holders: Sequence[Holder]) -> str:
-    return "; ".join(h.describe() for h in holders) or "no claim"
+    return " and ".join(h.describe() for h in holders) or "no claim"
 
 
 def _named(drops: Sequence[Drop], describe: Any) -> str:
@@ -205,7 +205,8 @@ def _clause(why: str) -> str:
 def _allocation(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
     devices, claims, pods = _refs(drops)
     held = _named(drops, lambda d: f"{d.device.ref} by {_holders_text(d.holders)}")
-    reason = f"all {before} devices that fit are held by other claims: {held}"
+    reason = (f"all {before} devices that fit are held by other claims: {held}" if before != 1 else
+              f"the one device that fits is held by another claim: {held}")
     fix = f"{_freeing(drops[0].holders)} to free {drops[0].device.ref}"
     if not f.request.needs:
         shared = [d for d in drops if d.holders and all(is_share(h, d.device) for h in d.holders)]

@@ -203,10 +203,21 @@ def _allocation_text(s: Segment) -> str:
     return f"{what}  claim {s.claim}  pod {pods}"
 
 
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 4, 6] -> "0-2,4,6"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
+
+
 def _possible_text(g: GpuStatus) -> str:
     parts = []
     for profile, placements in sorted(g.mig_possible.items(), key=lambda kv: (len(kv[0]), kv[0])):
-        at = ",".join(str(p) for p in placements if p >= 0)
+        at = _ranges([p for p in placements if p >= 0])
         parts.append(f"{profile} at {at}" if at else profile)
     return "; ".join(parts)
 
@@ -224,7 +235,7 @@ def status_table(report: StatusReport) -> str:
             rows.extend(("", "", "", "", "", a) for a in allocations[1:])
             if g.mig != "none":
                 possible = _possible_text(g) or "none"
-                rows.append(("", "", "", "", "", f"MIG still possible: {possible}"))
+                rows.append(("", "", "", "", "", f"MIG placements free: {possible}"))
             first_of_node = False
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()

@@ -47,11 +47,15 @@ def _colour(colours: dict[str, str], key: str) -> str:
     return colours[key]
 
 
+def _product(g: GpuStatus) -> str:
+    return f"{g.product} \u00b7 MIG {g.mig}" if g.mig != "none" else g.product
+
+
 def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
     name = g.name if g.published else f"{g.name} (MIG)"
     parts = [
         f'<text x="16" y="{y + 11}" class="gpu">{escape(name)}</text>',
-        f'<text x="16" y="{y + 24}" class="sub">{escape(_fit(g.product, LABEL_W - 16))}</text>',
+        f'<text x="16" y="{y + 24}" class="sub">{escape(_fit(_product(g), LABEL_W - 16))}</text>',
         f'<rect x="{BAR_X}" y="{y}" width="{BAR_W}" height="{BAR_H}" class="free"><title>'
         f"{escape(f'{g.node}/{g.name}: {fmt_memory(g.free)} of {fmt_memory(g.memory)} free')}</title></rect>",
     ]
@@ -70,7 +74,7 @@ def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
         text = _fit(label, w)
         if text:
             parts.append(f'<text x="{BAR_X + x + 4:.1f}" y="{y + 16}" class="lbl">{escape(text)}</text>')
-    free = f"{fmt_memory(g.free)} free of {fmt_memory(g.memory)}"
+    free = f"{fmt_memory(g.free)} free of {fmt_memory(g.memory)}" if g.free else f"full ({fmt_memory(g.memory)})"
     parts.append(f'<text x="{BAR_X + BAR_W + 8}" y="{y + 16}" class="freetext">{escape(free)}</text>')
     return parts
 
