@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -42,10 +43,16 @@ class CapacityMiss:
 
 def quantity(text: Any) -> Fraction | None:
     """A Kubernetes quantity as an exact number, None when it does not parse."""
+    return _parse(str(text))
+
+
+@lru_cache(maxsize=4096)
+def _parse(text: str) -> Fraction | None:
+    # a cluster's slices repeat a handful of amounts thousands of times
     from driver.cel.quantity import Quantity
 
     try:
-        return Quantity.parse(str(text)).fraction()
+        return Quantity.parse(text).fraction()
     except ValueError:
         return None
 

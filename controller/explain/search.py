@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from controller.capacityfit import capacity_miss, consumption
 from controller.explain.funnel import untolerated_taint
 from controller.explain.requests import Constraint, RequestSpec
-from controller.explain.state import AllocatedState, CounterKey, DeviceKey, consumed_counters, device_key
+from controller.explain.state import AllocatedState, CounterKey, DeviceKey, device_key
 from controller.inventory import InventoryDevice
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
@@ -194,7 +194,7 @@ class _Search:
                 step()
 
         skip_counters = multi and (key in self.state.shared or key in self.capacity)
-        own = consumed_counters(device)
+        own = self.state.consumed_counters(device)
         if own and not skip_counters:
             if self.state.counter_shortfalls(device, self.counters):
                 return None
@@ -298,9 +298,18 @@ class _Search:
         return False
 
 
+def _too_few(claims: Sequence[ClaimInput]) -> bool:
+    """A request none of whose alternatives has as many devices on the node as it asks for can never be
+    filled; the allocator would find that out by trying every subset, this says it at once."""
+    return any(alternatives and all(a.spec.mode != "All" and a.spec.count > len(a.devices) for a in alternatives)
+               for claim in claims for alternatives in claim.groups)
+
+
 def search(claims: Sequence[ClaimInput], state: AllocatedState, *, budget: int = 50_000,
            incomplete_pool: bool = False) -> SearchResult:
     """The scheduler's first solution for `claims` on one node (their devices already limited to it)."""
+    if _too_few(claims) and not incomplete_pool:
+        return SearchResult(False)
     try:
         run = _Search(claims, state, budget, incomplete_pool)
         found = run.allocate_one(Slot(0, 0), False, 0)

@@ -93,6 +93,9 @@ class AllocatedState:
                         self.pool_counters.setdefault(pool.name, []).append(key)
         self.counter_used: dict[CounterKey, Fraction] = {}
         self.counter_holders: dict[CounterKey, list[InventoryDevice]] = {}
+        self._available: dict[str, dict[CounterKey, Fraction]] = {}
+        self._consumed: dict[DeviceKey, dict[CounterKey, Fraction]] = {}
+        self._overdrawn: dict[str, list[CounterKey]] = {}
         for key in set(self.dedicated) | set(self.shared):
             device = self.by_key.get(key)
             if device is None:
@@ -143,19 +146,39 @@ class AllocatedState:
         return self.shared.get(device_key(device), {}).get("memory", Fraction(0))
 
     def counters_available(self, pool: str) -> dict[CounterKey, Fraction]:
-        return {k: self.counter_totals[k] - self.counter_used.get(k, Fraction(0))
-                for k in self.pool_counters.get(pool, [])}
+        """What allocated devices leave of each counter of the pool (computed once per pool)."""
+        cached = self._available.get(pool)
+        if cached is None:
+            cached = self._available[pool] = {k: self.counter_totals[k] - self.counter_used.get(k, Fraction(0))
+                                              for k in self.pool_counters.get(pool, [])}
+            self._overdrawn[pool] = [k for k, v in cached.items() if v < 0]
+        return cached
+
+    def consumed_counters(self, device: InventoryDevice) -> dict[CounterKey, Fraction]:
+        """consumed_counters, once per device of this snapshot."""
+        key = device_key(device)
+        cached = self._consumed.get(key)
+        if cached is None:
+            cached = self._consumed[key] = _consumed_counters(device)
+        return cached
 
     def counter_shortfalls(self, device: InventoryDevice,
                            allocating: Mapping[CounterKey, Fraction] | None = None) -> list[CounterShort]:
         """checkAvailableCounters: adding the device's counters to those being allocated, does any counter of
         its pool go above what is left? Empty when the device fits (or consumes no counters)."""
-        own = consumed_counters(device)
+        own = self.consumed_counters(device)
         if not own:
             return []
         allocating = allocating or {}
+        available_in_pool = self.counters_available(device.pool)
+        # every counter of the pool is checked; one neither this device nor the claim uses fails only when the
+        # allocated devices already overdraw it
+        keys = dict.fromkeys([*own, *(k for k in allocating if k[0] == device.pool), *self._overdrawn[device.pool]])
         shorts = []
-        for key, available in self.counters_available(device.pool).items():
+        for key in keys:
+            if key not in available_in_pool:
+                continue
+            available = available_in_pool[key]
             needed = allocating.get(key, Fraction(0)) + own.get(key, Fraction(0))
             if available < needed:
                 held = tuple((d, h) for d in self.counter_holders.get(key, []) for h in self.holders_of(d))
@@ -164,6 +187,11 @@ class AllocatedState:
 
 
 def consumed_counters(device: InventoryDevice) -> dict[CounterKey, Fraction]:
+    """The counters the device consumes, keyed by (pool, counter set, counter)."""
+    return _consumed_counters(device)
+
+
+def _consumed_counters(device: InventoryDevice) -> dict[CounterKey, Fraction]:
     out: dict[CounterKey, Fraction] = {}
     for entry in device.spec.get("consumesCounters") or ():
         if not isinstance(entry, Mapping):
