@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from controller.capacityfit import fmt_amount, quantity
 from controller.explain.explain import ClaimReport, Explanation, RequestReport
-from controller.explain.funnel import Funnel, Step
+from controller.explain.funnel import Drop, Funnel, Step
 from controller.explain.reasons import Verdict
 from controller.explain.search import Pick
 
@@ -122,10 +123,21 @@ def _step_json(s: Step) -> dict[str, Any]:
     if s.note:
         out["note"] = s.note
     if s.dropped:
-        out["dropped"] = [{"device": d.device.ref, "why": d.why,
-                           "heldBy": [{"claim": h.claim, "pods": list(h.pods)} for h in d.holders]}
-                          for d in s.dropped[:20]]
+        out["dropped"] = [_drop_json(d) for d in s.dropped[:20]]
         out["droppedCount"] = len(s.dropped)
+    return out
+
+
+def _drop_json(d: Drop) -> dict[str, Any]:
+    out: dict[str, Any] = {"device": d.device.ref, "why": d.why,
+                           "heldBy": [{"claim": h.claim, "pods": list(h.pods)} for h in d.holders]}
+    if d.taint is not None:
+        out["taint"] = dict(d.taint)
+    if d.counters:
+        out["counters"] = [{"counterSet": c.counter_set, "counter": c.counter, "needed": fmt_amount(c.needed),
+                            "available": fmt_amount(max(c.available, Fraction(0))),
+                            "heldBy": [{"device": dev.ref, "claim": h.claim, "pods": list(h.pods)}
+                                       for dev, h in c.held_by]} for c in d.counters]
     return out
 
 
@@ -167,8 +179,3 @@ def render_json(e: Explanation) -> dict[str, Any]:
     if e.problem:
         out["problem"] = e.problem
     return out
-
-
-def tessera_ok(e: Explanation) -> bool:
-    return e.verdict.ok and not e.problem
-

@@ -60,10 +60,6 @@ class RequestGroup:
     name: str
     alternatives: tuple[RequestSpec, ...]
 
-    @property
-    def first_available(self) -> bool:
-        return len(self.alternatives) > 1 or (bool(self.alternatives) and "/" in self.alternatives[0].ref)
-
 
 @dataclass(frozen=True)
 class Constraint:
