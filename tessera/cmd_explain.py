@@ -22,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a pod (the default kind) or a ResourceClaim")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                        help="text for people, json for tools (exit status: 0 tessera's part is fine, 1 a claim "
+                             "cannot be allocated now, 2 the cluster or the object cannot be read)")
 
 
 def parse_target(text: str) -> tuple[str, str]:

@@ -14,7 +14,8 @@ from typing import TextIO
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                        help="table for people, json for tools")
     parser.add_argument("--svg", metavar="FILE", help="also draw the GPUs as bars of their memory into FILE")
 
 
