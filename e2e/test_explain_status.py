@@ -415,6 +415,10 @@ SYNTHETIC: list[tuple[str, list[Obj], list[Obj], Obj]] = [
      _claim("c", [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 2,
                                               "tolerations": [
          {"key": "k", "operator": "Exists", "effect": "NoExecute"}]}}])),
+    ("a missing class in any alternative is an error", _slice("n", [_device("d0", {})]), [],
+     _claim("c", [{"name": "gpu", "firstAvailable": [
+         {"name": "ok", "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1},
+         {"name": "gone", "deviceClassName": "retired", "allocationMode": "ExactCount", "count": 1}]}])),
     ("whole device next to a share", _slice("n", [{**_device("d0", {}), **SHARED}, {**_device("d1", {}), **SHARED}]),
      [{**_claim("held", [request(memory="8Gi")]), "status": {"allocation": {"devices": {"results": [
          {"request": "gpu", "driver": DRIVER, "pool": "n", "device": "d0",

@@ -355,3 +355,14 @@ def test_a_share_with_a_full_card_among_the_candidates_is_still_a_memory_failure
     assert "the largest free amount is 20Gi, on node-a/gpu-1" in e.verdict.reason
     assert e.verdict.claims == ("default/s1", "default/s2")
     assert "claim default/s1 (pod default/s1) and claim default/s2 (pod default/s2)" in e.verdict.reason
+
+
+def test_a_missing_class_in_any_alternative_stops_the_claim(cluster: FakeCluster) -> None:
+    """The scheduler validates every subrequest's class before it searches: one missing class is an error."""
+    cluster.claim("want", {"name": "gpu", "firstAvailable": [
+        {"name": "ok", "deviceClassName": "gpu.tessera.dev", "count": 1},
+        {"name": "gone", "deviceClassName": "retired.gpu.tessera.dev", "count": 1}]})
+    cluster.pod("p", "want")
+    e = explain(cluster)
+    assert e.verdict.step == "class"
+    assert 'DeviceClass "retired.gpu.tessera.dev", which does not exist' in e.verdict.reason

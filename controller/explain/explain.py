@@ -42,6 +42,7 @@ class ClusterView:
         self.index = DeviceIndex.from_slices(self.slices)
         self.state = AllocatedState(self.index, self.slices, self.claims)
         self.evaluator = Evaluator()
+        self.incomplete_nodes = {d.node for d in self.index.devices if d.pool in self.index.incomplete_pools}
 
     def find(self, kind: str, namespace: str, name: str) -> Obj | None:
         items = {"pod": self.pods, "claim": self.claims, "template": self.templates}[kind]
@@ -204,6 +205,10 @@ def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScop
                 verdict = funnel_verdict(f, view.classes, view.evaluator, view.index, scope.why)
                 requests.append(RequestReport(spec, f, verdict))
             group_verdicts.append(verdict)
+        # a missing class or a selector that does not compile stops the scheduler whichever alternative it is in
+        broken = next((v for s, v in zip(group.alternatives, group_verdicts, strict=True) if s.problem), None)
+        if failed is None and broken is not None:
+            failed = broken
         if group_verdicts and not any(v.ok for v in group_verdicts) and failed is None:
             failed = group_verdicts[0]
     done = _with(report, requests=tuple(requests), constraints=plan.constraints)
@@ -247,8 +252,7 @@ def _claim_input(plan: ClaimPlan, funnels: Mapping[str, Funnel], node: str) -> C
 
 
 def _search(claims: Sequence[ClaimInput], node: str, view: ClusterView) -> SearchResult:
-    incomplete = any(d.node == node and d.pool in view.index.incomplete_pools for d in view.index.devices)
-    return search(claims, view.state, budget=NODE_BUDGET, incomplete_pool=incomplete)
+    return search(claims, view.state, budget=NODE_BUDGET, incomplete_pool=node in view.incomplete_nodes)
 
 
 def _with(report: ClaimReport, **changes: Any) -> ClaimReport:
