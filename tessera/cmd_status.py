@@ -32,10 +32,11 @@ def status(*, kubeconfig: str | None, output: str, svg: str | None, out: TextIO,
     try:
         reader = ClusterReader(kubeconfig)
         view = ClusterView(slices=reader.resource_slices(), classes={}, claims=reader.resource_claims())
+        pods = reader.pods()
     except ReadError as exc:
         print(f"tessera status: {exc}", file=err)
         return 2
-    report = cluster_status(view)
+    report = cluster_status(view, pods)
     if svg:
         try:
             Path(svg).write_text(status_svg(report), encoding="utf-8")

@@ -156,3 +156,15 @@ def test_placements_are_written_as_ranges() -> None:
     assert _ranges([0, 1, 2, 3, 4, 5, 6]) == "0-6"
     assert _ranges([0, 2, 4, 6]) == "0,2,4,6"
     assert _ranges([0, 1, 3, 4, 5]) == "0,1,3-5"
+
+
+def test_pods_that_are_gone_or_not_running_are_marked(cluster: FakeCluster) -> None:
+    from controller.explain.status import status_table
+
+    r = cluster.reader()
+    pods = [p for p in r.pods() or [] if p["metadata"]["name"] != "s2"]
+    next(p for p in pods if p["metadata"]["name"] == "w")["status"]["phase"] = "Pending"
+    table = status_table(cluster_status(ClusterView(r.resource_slices(), {}, r.resource_claims()), pods))
+    assert "pod default/w (Pending)" in table
+    assert "pod default/s2 (gone)" in table
+    assert "pod default/s1 (" not in table  # running: nothing to say

@@ -11,12 +11,15 @@ counters are free, the same check the scheduler makes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from controller.explain.explain import ClusterView
 from controller.explain.state import AllocatedState, Holder
 from controller.inventory import InventoryDevice
 
+Obj = dict[str, Any]
 _MIG_PARENT = re.compile(r"^(gpu-\d+)-mig-")
 GiB = 1 << 30
 
@@ -81,6 +84,16 @@ class NodeStatus:
 class StatusReport:
     nodes: tuple[NodeStatus, ...]
     unknown: tuple[str, ...] = ()  # allocations of devices no slice publishes any more
+    pod_phases: Mapping[str, str] | None = None  # namespace/name -> phase; None when pods could not be read
+
+    def pod_text(self, pod: str) -> str:
+        """`ns/p`, marked when the pod is not running or no longer exists."""
+        if self.pod_phases is None:
+            return pod
+        phase = self.pod_phases.get(pod)
+        if phase is None:
+            return f"{pod} (gone)"
+        return pod if phase == "Running" else f"{pod} ({phase})"
 
 
 def _memory(device: InventoryDevice) -> int:
@@ -116,7 +129,8 @@ def _segment(device: InventoryDevice, holder: Holder) -> Segment:
     return Segment(kind, device.name, holder.claim, holder.pods, holder.request, amount)
 
 
-def cluster_status(view: ClusterView) -> StatusReport:
+def cluster_status(view: ClusterView, pods: Iterable[Obj] | None = None) -> StatusReport:
+    """The GPUs of `view` with their allocations; `pods` (all namespaces, when readable) adds their phases."""
     state: AllocatedState = view.state
     gpus: dict[tuple[str, str], GpuStatus] = {}  # (node, uuid or name) -> GPU
     by_name: dict[tuple[str, str], GpuStatus] = {}
@@ -151,7 +165,10 @@ def cluster_status(view: ClusterView) -> StatusReport:
     known = set(state.by_key)
     unknown = tuple(f"{key[1]}/{key[2]} ({', '.join(h.claim for h in holders)})"
                     for key, holders in sorted(state.holders.items()) if key not in known)
-    return StatusReport(tuple(NodeStatus(n, tuple(g)) for n, g in sorted(nodes.items())), unknown)
+    phases = None if pods is None else {
+        f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}":
+            str((p.get("status") or {}).get("phase", "")) for p in pods}
+    return StatusReport(tuple(NodeStatus(n, tuple(g)) for n, g in sorted(nodes.items())), unknown, phases)
 
 
 def _parent(device: InventoryDevice, gpus: dict[tuple[str, str], GpuStatus],
@@ -176,15 +193,17 @@ def _index(name: str) -> tuple[int, str]:
 
 
 def status_json(report: StatusReport) -> dict[str, object]:
-    return {"nodes": [{"name": n.name, "gpus": [_gpu_json(g) for g in n.gpus]} for n in report.nodes],
+    return {"nodes": [{"name": n.name, "gpus": [_gpu_json(g, report) for g in n.gpus]} for n in report.nodes],
             "unknownAllocations": list(report.unknown)}
 
 
-def _gpu_json(g: GpuStatus) -> dict[str, object]:
+def _gpu_json(g: GpuStatus, report: StatusReport) -> dict[str, object]:
     return {
         "name": g.name, "uuid": g.uuid, "product": g.product, "mig": g.mig, "published": g.published,
         "memoryBytes": g.memory, "allocatedBytes": g.allocated, "freeBytes": g.free, "memorySlices": g.memory_slices,
         "allocations": [{"kind": s.kind, "device": s.device, "claim": s.claim, "pods": list(s.pods),
+                         **({"podPhases": {p: (report.pod_phases or {}).get(p) for p in s.pods}}
+                            if report.pod_phases is not None else {}),
                          "request": s.request, "memoryBytes": s.memory, "memory": fmt_memory(s.memory),
                          **({"profile": s.profile, "placement": s.placement,
                              "memorySlices": list(s.slices) if s.slices else None} if s.kind == "mig" else {})}
@@ -194,8 +213,8 @@ def _gpu_json(g: GpuStatus) -> dict[str, object]:
 
 
 
-def _allocation_text(s: Segment) -> str:
-    pods = ", ".join(s.pods) or "no pod"
+def _allocation_text(s: Segment, report: StatusReport) -> str:
+    pods = ", ".join(report.pod_text(p) for p in s.pods) or "no pod"
     if s.kind == "mig":
         where = f" at slice {s.placement}" if s.placement is not None else ""
         return f"MIG {s.profile}{where} ({s.device})  claim {s.claim}  pod {pods}"
@@ -228,7 +247,7 @@ def status_table(report: StatusReport) -> str:
     for node in report.nodes:
         first_of_node = True
         for g in node.gpus:
-            allocations = [_allocation_text(s) for s in g.segments] or ["-"]
+            allocations = [_allocation_text(s, report) for s in g.segments] or ["-"]
             name = g.name if g.published else f"{g.name} (MIG)"
             rows.append((node.name if first_of_node else "", name, g.product, fmt_memory(g.memory), fmt_memory(g.free),
                          allocations[0]))
