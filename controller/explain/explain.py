@@ -184,8 +184,9 @@ def _allocated_text(results: Sequence[Mapping[str, Any]]) -> str:
     return f"allocated: {devices}"
 
 
-def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScope,
-           report: ClaimReport) -> tuple[ClaimReport, dict[str, NodeInputs]]:
+def _request_reports(view: ClusterView, plan: ClaimPlan, nodes: list[str],
+                     scope: NodeScope) -> tuple[list[RequestReport], dict[str, Funnel], Verdict | None]:
+    """Every request (alternative) of the claim through its funnel; the verdict of the first that fails."""
     requests: list[RequestReport] = []
     funnels: dict[str, Funnel] = {}
     failed: Verdict | None = None
@@ -211,6 +212,12 @@ def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScop
             failed = broken
         if group_verdicts and not any(v.ok for v in group_verdicts) and failed is None:
             failed = group_verdicts[0]
+    return requests, funnels, failed
+
+
+def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScope,
+           report: ClaimReport) -> tuple[ClaimReport, dict[str, NodeInputs]]:
+    requests, funnels, failed = _request_reports(view, plan, nodes, scope)
     done = _with(report, requests=tuple(requests), constraints=plan.constraints)
     if plan.problems:
         return _with(done, verdict=Verdict(False, "constraints", plan.problems[0], "fix the claim's constraints")), {}

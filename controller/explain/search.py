@@ -245,6 +245,7 @@ class _Search:
 
     # -- allocateOne ------------------------------------------------------------------------------
     def allocate_one(self, at: Slot, in_sub: bool, start: int) -> bool:
+        """Fill the slot `at` and, recursively, every slot after it; False when no way is left."""
         self.calls += 1
         if self.calls > self.budget:
             raise SearchLimit
@@ -261,28 +262,32 @@ class _Search:
             return any(self.allocate_one(Slot(at.claim, at.request, sub), True, 0)
                        for sub in range(len(alternatives)))
         alt = alternatives[at.sub]
-        spec = alt.spec
-        if spec.mode == "All":
-            devices = self.all_devices[(at.claim, at.request, at.sub)]
-            if not devices:
-                return False
-            needed = len(devices)
-        else:
-            devices = list(alt.devices)
-            needed = spec.count
+        all_mode = alt.spec.mode == "All"
+        devices = self.all_devices[(at.claim, at.request, at.sub)] if all_mode else list(alt.devices)
+        if all_mode and not devices:
+            return False
+        needed = len(devices) if all_mode else alt.spec.count
         if at.device >= needed:
             return self.allocate_one(Slot(at.claim, at.request + 1), False, 0)
         if len(self.results[at.claim]) + needed - at.device > MAX_RESULTS:
             return False
-        following = at._replace(device=at.device + 1)
-        if spec.mode == "All":
-            undo = self.allocate_device(at.claim, spec, devices[at.device], must=True)
-            if undo is None:
-                return False
-            if self.allocate_one(following, in_sub, 0):
-                return True
-            undo()
+        if all_mode:
+            return self._take(at, alt.spec, devices[at.device], in_sub)
+        return self._first_fit(at, alt.spec, devices, in_sub, start)
+
+    def _take(self, at: Slot, spec: RequestSpec, device: InventoryDevice, in_sub: bool) -> bool:
+        """allocationMode All: this very device, or no solution."""
+        undo = self.allocate_device(at.claim, spec, device, must=True)
+        if undo is None:
             return False
+        if self.allocate_one(at._replace(device=at.device + 1), in_sub, 0):
+            return True
+        undo()
+        return False
+
+    def _first_fit(self, at: Slot, spec: RequestSpec, devices: Sequence[InventoryDevice], in_sub: bool,
+                   start: int) -> bool:
+        """ExactCount: each device from `start` on that can be taken, then the next slot after it."""
         for position in range(start, len(devices)):
             device = devices[position]
             if not spec.admin_access and self.in_use(device_key(device)):
@@ -292,7 +297,7 @@ class _Search:
             undo = self.allocate_device(at.claim, spec, device, must=False)
             if undo is None:
                 continue
-            if self.allocate_one(following, in_sub, position + 1):
+            if self.allocate_one(at._replace(device=at.device + 1), in_sub, position + 1):
                 return True
             undo()
         return False
