@@ -62,7 +62,7 @@ def _claim_lines(c: ClaimReport, final: Verdict) -> list[str]:
     if c.allocated:
         for result in c.allocation:
             consumed = (result.get("consumedCapacity") or {}).get("memory")
-            share = f" ({consumed} share)" if consumed else ""
+            share = f" (memory {consumed})" if consumed else ""
             lines.append(f"  {result.get('request')} -> {result.get('pool')}/{result.get('device')}{share}")
         pods = ", ".join(c.reserved_for) or "no pod yet"
         lines.append(f"  => allocated, reserved for {pods}")
