@@ -48,7 +48,7 @@ def _colour(colours: dict[str, str], key: str) -> str:
 
 
 def _product(g: GpuStatus) -> str:
-    return f"{g.product} \u00b7 MIG {g.mig}" if g.mig != "none" else g.product
+    return f"{g.product} \u00b7 MIG" if g.mig != "none" else g.product
 
 
 def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
@@ -71,7 +71,7 @@ def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
                      f'class="seg"><title>{escape(tip)}</title></rect>')
         short = s.label.split("/", 1)[-1]
         label = f"{short} {s.profile or ('' if s.kind == 'whole' else fmt_memory(s.memory))}".strip()
-        text = _fit(label, w)
+        text = label if _fit(label, w) == label else _fit(short, w)  # the pod before the amount
         if text:
             parts.append(f'<text x="{BAR_X + x + 4:.1f}" y="{y + 16}" class="lbl">{escape(text)}</text>')
     free = f"{fmt_memory(g.free)} free of {fmt_memory(g.memory)}" if g.free else f"full ({fmt_memory(g.memory)})"
