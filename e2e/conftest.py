@@ -18,6 +18,7 @@ import pytest
 
 from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
 from e2e.kube import Kube
+from e2e.node.realnode import RealNode, real_node_unavailable
 from e2e.processes import REPO, stop_leftovers
 from e2e.workloads import delete_pods, ensure_namespace
 
@@ -30,6 +31,16 @@ NODES = [
     NodeSpec(A100, "a100-pcie-4", "static"),
     # One H100 in MIG mode with no instances: dynamic MIG creates them at prepare.
     NodeSpec(MIG, str(REPO / "e2e" / "profiles" / "one-h100-mig.yaml"), "dynamic"),
+]
+
+# Real kubelet v1.36.3 + containerd nodes (e2e/node), where this machine can run them.
+REAL_A100 = "real-a100"
+REAL_DGX = "real-dgx"
+REAL_NODE_SKIP = real_node_unavailable()
+REAL_NODES = [] if REAL_NODE_SKIP else [
+    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True),
+    # Dynamic MIG: whole GPUs and MIG instances made at prepare, on one kind of node.
+    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True),
 ]
 
 _state: dict[str, Cluster] = {}
@@ -72,7 +83,7 @@ def work_dir() -> Iterator[Path]:
 def cluster(work_dir: Path) -> Iterator[Cluster]:
     """The control plane, tessera's DeviceClasses and controller, and the three fake GPU nodes."""
     reason = plugin_available()
-    nodes = NODES if not reason else []
+    nodes = NODES + REAL_NODES if not reason else []
     c = Cluster(work_dir / "cluster", nodes)
     _state["cluster"] = c
     try:
@@ -110,6 +121,24 @@ def a100(cluster: Cluster) -> NodeAgent:
 @pytest.fixture
 def mig_node(cluster: Cluster) -> NodeAgent:
     return _agent(cluster, MIG)
+
+
+def _real(cluster: Cluster, name: str) -> RealNode:
+    if REAL_NODE_SKIP:
+        pytest.skip(f"no real node on this machine: {REAL_NODE_SKIP}")
+    if plugin_available():
+        pytest.skip(plugin_available())
+    return cluster.real_nodes[name]
+
+
+@pytest.fixture
+def real_a100(cluster: Cluster) -> RealNode:
+    return _real(cluster, REAL_A100)
+
+
+@pytest.fixture
+def real_dgx(cluster: Cluster) -> RealNode:
+    return _real(cluster, REAL_DGX)
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def real_node_unavailable() -> str:
     if os.geteuid() != 0:
         return "a real node needs root (mount namespaces, runc, cgroups); run as root or use the kubelet stand-in"
     for tool in ("unshare", "nsenter", "runc"):
-        if not any(os.access(Path(d) / tool, os.X_OK) for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"]):
+        if not any(os.access(Path(d) / tool, os.X_OK) for d in [*os.environ.get("PATH", "").split(":"), "/usr/sbin"]):
             return f"`{tool}` is not installed (e2e/node/build.sh installs runc; unshare/nsenter are in util-linux)"
     with open("/proc/filesystems") as f:
         if "overlay" not in f.read():
@@ -251,7 +251,8 @@ class RealNode:
 
     def _start_namespace(self) -> None:
         binds = " && ".join(f'mount -n --bind "$1/{sub}" {mount}' for mount, sub in _BIND.items())
-        script = f'set -e; {binds} && mount -n --bind "$1/etc/hosts" /etc/hosts && touch "$1/ns-ready" && exec sleep infinity'
+        script = (f'set -e; {binds} && mount -n --bind "$1/etc/hosts" /etc/hosts && touch "$1/ns-ready" '
+                  "&& exec sleep infinity")
         ready = self.work_dir / "ns-ready"
         ready.unlink(missing_ok=True)
         self.holder = ManagedProcess(
@@ -350,10 +351,11 @@ class RealNode:
             import urllib.request
 
             kubelet.check_alive()
-            with urllib.request.urlopen(healthz, timeout=2) as resp:  # noqa: S310 - loopback only
+            with urllib.request.urlopen(healthz, timeout=2) as resp:
                 return bool(resp.status == 200)
 
-        wait_for(healthy, timeout=timeout, interval=0.5, what=f"kubelet of {self.name} /healthz (log {kubelet.log_path})")
+        wait_for(healthy, timeout=timeout, interval=0.5,
+                 what=f"kubelet of {self.name} /healthz (log {kubelet.log_path})")
 
     def plugin_argv(self) -> list[str]:
         self.ports.setdefault("metrics", free_port())
@@ -370,7 +372,7 @@ class RealNode:
             text = self.kubelet.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return 0
-        return len(re.findall(r'Register(?:ed)? (?:new )?DRA plugin.*?' + re.escape(DRIVER), text))
+        return len(re.findall(r'"Connection changed".*driverName="' + re.escape(DRIVER) + r'".*connected=true', text))
 
     def start_plugin(self, *, timeout: float = 60.0) -> None:
         """Start (or restart) tessera's plugin and wait until the real kubelet registered it."""
