@@ -18,6 +18,7 @@ import pytest
 
 from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
 from e2e.kube import Kube
+from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, real_node_unavailable
 from e2e.processes import REPO, stop_leftovers
 from e2e.workloads import delete_pods, ensure_namespace
@@ -44,6 +45,7 @@ REAL_NODES = [] if REAL_NODE_SKIP else [
 ]
 
 _state: dict[str, Cluster] = {}
+MACHINE_BEFORE: dict[str, list[str]] = {}
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -86,6 +88,8 @@ def cluster(work_dir: Path) -> Iterator[Cluster]:
     nodes = NODES + REAL_NODES if not reason else []
     c = Cluster(work_dir / "cluster", nodes)
     _state["cluster"] = c
+    # Taken before any real node starts: what the machine must look like again once they are gone.
+    MACHINE_BEFORE.update(machine_snapshot())
     try:
         c.start()
     except Exception:
@@ -94,6 +98,16 @@ def cluster(work_dir: Path) -> Iterator[Cluster]:
         raise
     yield c
     c.stop()
+    if REAL_NODES:
+        left = differences(MACHINE_BEFORE, machine_snapshot())
+        assert not left, f"the e2e session's real nodes left this on the machine: {left}"
+
+
+@pytest.fixture
+def machine_before(cluster: Cluster) -> dict[str, list[str]]:
+    """The machine as it was before the session's real nodes started (e2e/node/hermetic.py)."""
+    del cluster
+    return MACHINE_BEFORE
 
 
 @pytest.fixture

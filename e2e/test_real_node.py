@@ -52,7 +52,7 @@ def _uuids(kube: Kube, node: RealNode, claim_obj: Obj) -> list[str]:
     out = []
     for result in claim_obj["status"]["allocation"]["devices"]["results"]:
         uuid = _attr(attrs.get(result["device"], {}), "uuid")
-        out.append(uuid or result["device"])
+        out.append(str(uuid or result["device"]))
     return out
 
 

@@ -128,10 +128,15 @@ def _kill_namespace(holder_pid: int) -> None:
     ns = _mount_namespace(holder_pid)
     if not ns:
         return
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != holder_pid and _mount_namespace(int(entry.name)) == ns:
+    for _ in range(100):
+        members = [int(e.name) for e in Path("/proc").iterdir()
+                   if e.name.isdigit() and int(e.name) != holder_pid and _mount_namespace(int(e.name)) == ns]
+        if not members:
+            break
+        for pid in members:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(holder_pid, signal.SIGKILL)
 
@@ -191,6 +196,8 @@ class RealNode:
     kubelet: ManagedProcess | None = None
     plugin: ManagedProcess | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    # The run that owns the node: when this pid is gone, the next run's clean_stale_nodes() tears it down.
+    owner: int = field(default_factory=os.getpid)
 
     # ---- paths
 
@@ -204,7 +211,7 @@ class RealNode:
 
     @property
     def cgroup_name(self) -> str:
-        return f"{CGROUP_PREFIX}{os.getpid()}-{self.name}"
+        return f"{CGROUP_PREFIX}{self.owner}-{self.name}"
 
     @property
     def cdi_dir(self) -> Path:
@@ -258,7 +265,7 @@ class RealNode:
         self.holder = ManagedProcess(
             f"ns-{self.name}", ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
                                 str(self.work_dir)],
-            self.work_dir / "logs" / "namespace.log", env={OWNER_ENV: f"{os.getpid()}:{self.work_dir}"}).start()
+            self.work_dir / "logs" / "namespace.log", env={OWNER_ENV: f"{self.owner}:{self.work_dir}"}).start()
         holder = self.holder
         wait_for(lambda: holder.alive_and(ready.exists), timeout=20, what=f"the mount namespace of node {self.name}")
 
@@ -316,7 +323,7 @@ class RealNode:
         self.ports.setdefault("healthz", free_port())
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "failCgroupV1": False, "failSwapOn": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False,
+            "failCgroupV1": False, "failSwapOn": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True,
             "cgroupRoot": f"/{self.cgroup_name}", "enforceNodeAllocatable": [],
             "address": "127.0.0.1", "port": self.ports["kubelet"], "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": self.ports["healthz"],
