@@ -409,6 +409,8 @@ class Cluster:
     real_nodes: dict[str, RealNode] = field(default_factory=dict)
     controller: Controller | None = None
     controller_skip_reason: str = ""
+    # Real nodes that outlive this process (the demo) are owned by the apiserver: stale once it is gone.
+    detached: bool = False
 
     @property
     def kube(self) -> Kube:
@@ -447,6 +449,8 @@ class Cluster:
             for spec in real:
                 node = RealNode(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, bins, self.kubeconfig,
                                 spec.mig_strategy)
+                if self.detached and self.control_plane is not None:
+                    node.owner = self.control_plane.processes["apiserver"].pid
                 self.real_nodes[spec.name] = node
                 node.start()
         return self

@@ -66,7 +66,7 @@ def real_node_unavailable() -> str:
 
 def node_binaries() -> Path:
     """kubelet, containerd, ctr, the runc shim and pause: $TESSERA_NODE_BIN, or built (cached) by build.sh."""
-    env = os.environ.get("TESSERA_NODE_BIN")
+    env = os.environ.get("TESSERA_NODE_BIN", "").strip()
     if env:
         path = Path(env)
         if not os.access(path / "kubelet", os.X_OK):
@@ -149,6 +149,12 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def kill_node(holder_pid: int, cgroup_name: str) -> None:
+    """Tear down a node from another process (`make demo-down`): its namespace, then its pods' cgroups."""
+    _kill_namespace(holder_pid)
+    _kill_cgroup_tree(cgroup_name)
 
 
 def clean_stale_nodes() -> list[str]:
