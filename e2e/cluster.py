@@ -389,6 +389,8 @@ class NodeSpec:
     mig_strategy: str = "static"
     # A real kubelet + containerd node (e2e/node) instead of a fake Node with the kubelet stand-in.
     real: bool = False
+    # Node taints kubelet registers the node with (`key=value:Effect`), e.g. to keep other pods off it.
+    taints: tuple[str, ...] = ()
 
 
 DEFAULT_CLASS: Obj = {
@@ -448,7 +450,7 @@ class Cluster:
             bins = node_binaries()
             for spec in real:
                 node = RealNode(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, bins, self.kubeconfig,
-                                spec.mig_strategy)
+                                spec.mig_strategy, taints=spec.taints)
                 if self.detached and self.control_plane is not None:
                     node.owner = self.control_plane.processes["apiserver"].pid
                 self.real_nodes[spec.name] = node

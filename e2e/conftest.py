@@ -21,6 +21,7 @@ from e2e.kube import Kube
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, real_node_unavailable
 from e2e.processes import REPO, stop_leftovers
+from e2e.realpods import REAL_NODE_TAINT
 from e2e.workloads import delete_pods, ensure_namespace
 
 DGX = "e2e-dgx"
@@ -38,10 +39,12 @@ NODES = [
 REAL_A100 = "real-a100"
 REAL_DGX = "real-dgx"
 REAL_NODE_SKIP = real_node_unavailable()
+# Tainted so that the stand-in scenarios' unpinned pods (which never start a container) stay off
+# them; the real-node probe pods tolerate it (e2e/realpods.py).
 REAL_NODES = [] if REAL_NODE_SKIP else [
-    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True),
+    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True, taints=(REAL_NODE_TAINT,)),
     # Dynamic MIG: whole GPUs and MIG instances made at prepare, on one kind of node.
-    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True),
+    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True, taints=(REAL_NODE_TAINT,)),
 ]
 
 _state: dict[str, Cluster] = {}

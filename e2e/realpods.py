@@ -16,6 +16,9 @@ from e2e.node.realnode import RealNode
 from e2e.processes import ClusterError, wait_for
 from e2e.workloads import describe_pod
 
+# e2e taints its real nodes with this so that stand-in scenarios' pods stay off them; probes tolerate it.
+REAL_NODE_TAINT_KEY = "e2e.tessera.dev/real-node"
+REAL_NODE_TAINT = f"{REAL_NODE_TAINT_KEY}=true:NoSchedule"
 BEGIN, END = "=== tessera probe begin ===", "=== tessera probe end ==="
 PROBE_SCRIPT = (
     f'echo "{BEGIN}"; '
@@ -47,6 +50,7 @@ def probe_pod(name: str, namespace: str, node: str, *, templates: dict[str, str]
         "containers": [probe_container(c, used) for c, used in (containers or {"probe": names}).items()],
         "resourceClaims": pod_claims, "terminationGracePeriodSeconds": 1, "enableServiceLinks": False,
         "automountServiceAccountToken": False,
+        "tolerations": [{"key": REAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 

@@ -197,6 +197,7 @@ class RealNode:
     bins: Path
     kubeconfig: Path
     mig_strategy: str = "static"
+    taints: tuple[str, ...] = ()
     holder: ManagedProcess | None = None
     containerd: ManagedProcess | None = None
     kubelet: ManagedProcess | None = None
@@ -351,7 +352,8 @@ class RealNode:
     def kubelet_argv(self) -> list[str]:
         return [*self.enter(), str(self.bins / "kubelet"), f"--config={self._kubelet_config()}",
                 f"--kubeconfig={self.kubeconfig}", f"--root-dir={KUBELET_DIR}", f"--cert-dir={KUBELET_DIR}/pki",
-                f"--hostname-override={self.name}", "-v=2"]
+                f"--hostname-override={self.name}", "-v=2",
+                *([f"--register-with-taints={','.join(self.taints)}"] if self.taints else [])]
 
     def start_kubelet(self, *, timeout: float = 120.0) -> None:
         """Start (or restart) kubelet and wait until it reports the node Ready."""
