@@ -44,7 +44,7 @@ def _pod(name: str, template: str | None) -> Obj:
 
 
 def _running(kube: Kube, name: str) -> bool:
-    return kube.get("Pod", name, NAMESPACE).get("status", {}).get("phase") == "Running"
+    return bool(kube.get("Pod", name, NAMESPACE).get("status", {}).get("phase") == "Running")
 
 
 def time_to_running(kube: Kube, obj: Obj, timeout: float = 120.0) -> float:

@@ -189,10 +189,12 @@ def test_kubelet_restart_keeps_pods_and_republishes(kube: Kube, real_a100: RealN
     containers = set(real_a100.running_containers())
     prepared = _prepares(real_a100, uid)
     assert prepared
+    before = {s["metadata"]["uid"] for s in slices_of(kube, real_a100.name)}
     real_a100.stop_kubelet()
     real_a100.start_kubelet()
-    wait_for(lambda: slices_of(kube, real_a100.name), timeout=60,
-             what="the plugin to republish the slices kubelet deleted at start")
+    # kubelet deletes the node's slices when it starts; the plugin must notice and publish new ones.
+    wait_for(lambda: (now := {s["metadata"]["uid"] for s in slices_of(kube, real_a100.name)}) and not now & before,
+             timeout=60, what="the plugin to republish the slices kubelet deleted at start")
     wait_for(lambda: kube.get("Pod", "survivor", namespace)["status"].get("phase") == "Running", timeout=60,
              what="the pod to be reported Running again")
     time.sleep(3)  # a second prepare, if kubelet were to make one, comes with its first pod sync

@@ -159,3 +159,14 @@ def test_cluster_parts_without_a_harness_are_refused() -> None:
     )
     with pytest.raises(SystemExit, match="TESSERA_HARNESS"):
         bench_run.run(params, bench_run.Report(), None)
+
+
+def test_pod_startup_report_gives_each_kind_against_the_no_claim_reference() -> None:
+    from benchmarks import podstart_bench
+
+    singles = {kind: summarize([100.0 * (i + 1)] * 3) for i, kind in enumerate(podstart_bench.KINDS)}
+    bursts = [podstart_bench.BurstResult("10 pods, no claim", 2000.0, summarize([900.0])),
+              podstart_bench.BurstResult("10 pods, a 1Gi share each", 3000.0, summarize([1500.0]))]
+    text = podstart_bench.render(singles, bursts)
+    assert "| whole GPU " in text and "2.00x" in text and "4.00x" in text  # 200/100 and 400/100
+    assert "| 10 pods, a 1Gi share each | 3000 " in text and "1.50x" in text
