@@ -23,7 +23,7 @@ BEGIN, END = "=== tessera probe begin ===", "=== tessera probe end ==="
 PROBE_SCRIPT = (
     f'echo "{BEGIN}"; '
     "env | grep -E '^(CUDA|NVIDIA)_' | sort | sed 's/^/env /'; "
-    "for d in /dev/nvidia*; do [ -e \"$d\" ] && echo \"dev $d\"; done; "
+    "for d in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$d\" ] && echo \"dev $d\"; done; "
     "if [ -d /tmp/nvidia-mps ]; then echo \"mps-dir /tmp/nvidia-mps\"; "
     "for f in /tmp/nvidia-mps/*; do [ -e \"$f\" ] && echo \"mps-file $f\"; done; fi; "
     f'echo "{END}"; exec sleep 3600'

@@ -156,7 +156,9 @@ def test_dynamic_mig_1g(kube: Kube, real_dgx: RealNode, namespace: str) -> None:
     started = _start(kube, real_dgx, namespace, "mig", spec)
     view = started.views["probe"]
     assert len(view.visible) == 1 and view.visible[0].startswith("MIG-")
-    assert any(d.startswith("/dev/nvidia-caps/") for d in view.devices) or "/dev/nvidiactl" in view.devices
+    # A MIG device is reached through its parent GPU's node plus the GI and CI capability files.
+    assert len([d for d in view.devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]) == 2
+    assert len([d for d in view.devices if re.fullmatch(r"/dev/nvidia\d+", d)]) == 1
 
 
 def test_time_sliced_claim_shared_by_two_containers(kube: Kube, real_a100: RealNode, namespace: str) -> None:
