@@ -39,6 +39,12 @@ for _path in CLASS_FILES:
     for _doc in _load(_path):
         CLASSES[_doc["metadata"]["name"]] = _doc
 
+# One class per MIG profile lives in a single file; every other file holds one class named like it.
+MIG_PROFILE_FILE = CLASS_DIR / "mig-profiles.yaml"
+MIG_PROFILES = [
+    doc["metadata"]["name"].removeprefix("mig-").removesuffix(f".{DRIVER}") for doc in _load(MIG_PROFILE_FILE)
+]
+
 
 def _attr(device: dict[str, Any], name: str) -> Any:
     value = device["attributes"].get(name)
@@ -54,6 +60,16 @@ EXPECTED_MATCH = {
     "nvlink.gpu.tessera.dev": lambda d: _attr(d, "type") == "gpu" and _attr(d, "nvlinkPeers") > 0,
     "h100.gpu.tessera.dev": lambda d: _attr(d, "type") == "gpu" and "H100" in _attr(d, "productName"),
 }
+for _profile in MIG_PROFILES:
+    EXPECTED_MATCH[f"mig-{_profile}.{DRIVER}"] = (
+        lambda d, p=_profile: _attr(d, "type") == "mig" and _attr(d, "profile") == p  # type: ignore[misc]
+    )
+
+# The extended resource each class answers (Kubernetes 1.36 DRAExtendedResource); None: only claims.
+EXPECTED_EXTENDED_RESOURCE: dict[str, str | None] = {name: None for name in EXPECTED_MATCH}
+EXPECTED_EXTENDED_RESOURCE["gpu.tessera.dev"] = "gpu.tessera.dev/gpu"
+for _profile in MIG_PROFILES:
+    EXPECTED_EXTENDED_RESOURCE[f"mig-{_profile}.{DRIVER}"] = f"gpu.tessera.dev/mig-{_profile}"
 
 # Devices of another driver on the same node: a class must say false to them without erroring,
 # even though they lack every tessera attribute.
@@ -70,7 +86,7 @@ def test_classes_are_the_documented_set():
     assert set(CLASSES) == set(EXPECTED_MATCH)
 
 
-@pytest.mark.parametrize("path", CLASS_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in CLASS_FILES if p != MIG_PROFILE_FILE], ids=lambda p: p.name)
 def test_class_file_is_one_v1_deviceclass_named_like_the_file(path):
     docs = _load(path)
     assert len(docs) == 1
@@ -78,6 +94,54 @@ def test_class_file_is_one_v1_deviceclass_named_like_the_file(path):
     assert dc["apiVersion"] == "resource.k8s.io/v1" and dc["kind"] == "DeviceClass"
     assert f"{dc['metadata']['name']}.yaml" == path.name
     assert set(dc["spec"]) <= {"selectors", "config", "extendedResourceName"}
+
+
+def test_mig_profile_classes_cover_every_profile_of_every_mig_table_once():
+    from driver.mig import A100_40GB, H100_80GB
+
+    tables = {p.name for layout in (A100_40GB, H100_80GB) for p in layout.profiles}
+    assert len(MIG_PROFILES) == len(set(MIG_PROFILES))
+    assert set(MIG_PROFILES) == tables
+    for doc in _load(MIG_PROFILE_FILE):
+        assert doc["apiVersion"] == "resource.k8s.io/v1" and doc["kind"] == "DeviceClass"
+        assert set(doc["spec"]) == {"selectors", "extendedResourceName"}
+
+
+# Kubernetes' IsExtendedResourceName: has a domain outside kubernetes.io, and "requests.<name>" is a
+# qualified name (DNS-subdomain prefix, then a name part of at most 63 characters).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _is_extended_resource_name(name: str) -> bool:
+    if "/" not in name or "kubernetes.io/" in name:
+        return False
+    prefix, _, part = f"requests.{name}".partition("/")
+    return (
+        len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix) is not None
+        and len(part) <= 63 and _NAME_PART.fullmatch(part) is not None
+    )
+
+
+def test_extended_resource_name_check_has_teeth():
+    assert _is_extended_resource_name("gpu.tessera.dev/mig-1g.10gb")
+    assert _is_extended_resource_name("nvidia.com/gpu")
+    bad_names = ("gpu", "kubernetes.io/gpu", "gpu.tessera.dev/-gpu", "gpu.tessera.dev/" + "x" * 64, "A.dev/gpu")
+    for bad in bad_names:
+        assert not _is_extended_resource_name(bad), bad
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_MATCH))
+def test_class_answers_its_documented_extended_resource(name):
+    got = CLASSES[name]["spec"].get("extendedResourceName")
+    assert got == EXPECTED_EXTENDED_RESOURCE[name]
+    assert got is None or _is_extended_resource_name(got), got
+
+
+def test_no_two_shipped_classes_claim_the_same_extended_resource():
+    # The scheduler would silently use only the newer one (extendedresourcecache).
+    names = [dc["spec"]["extendedResourceName"] for dc in CLASSES.values() if "extendedResourceName" in dc["spec"]]
+    assert len(names) == len(set(names)) == 1 + len(MIG_PROFILES)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_MATCH))
@@ -129,7 +193,8 @@ def test_sharing_classes_carry_their_strategy():
 
     assert strategy("shared.gpu.tessera.dev") == "MPS"
     assert strategy("timeslicing.gpu.tessera.dev") == "TimeSlicing"
-    for name in ("gpu.tessera.dev", "mig.gpu.tessera.dev", "nvlink.gpu.tessera.dev", "h100.gpu.tessera.dev"):
+    for name in ("gpu.tessera.dev", "mig.gpu.tessera.dev", "nvlink.gpu.tessera.dev", "h100.gpu.tessera.dev",
+                 *(f"mig-{p}.{DRIVER}" for p in MIG_PROFILES)):
         assert "config" not in CLASSES[name]["spec"], name
 
 
@@ -233,6 +298,19 @@ def test_chart_deviceclasses_equal_the_plain_manifests(chart_classes):
         assert dc["spec"] == CLASSES[name]["spec"], name
 
 
+def test_chart_can_map_nvidia_gpu_to_the_whole_gpu_class_and_only_that_class(chart_classes):
+    from hack.k8stools import ensure_tools
+    from tests.test_helm import objects, render
+
+    del chart_classes  # only for its skip when helm is unavailable
+    docs = render(ensure_tools(), "extendedResources.nvidiaGpu=true")
+    mapped = {d["metadata"]["name"]: d for d in objects(docs, "DeviceClass")}
+    assert mapped["gpu.tessera.dev"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    for name, dc in mapped.items():
+        if name != "gpu.tessera.dev":
+            assert dc["spec"] == CLASSES[name]["spec"], name
+
+
 # --- example claims -------------------------------------------------------------------------------------
 
 
@@ -331,6 +409,18 @@ TOGGLES = {
     "gpu": "gpu.tessera.dev", "mig": "mig.gpu.tessera.dev", "shared": "shared.gpu.tessera.dev",
     "timeslicing": "timeslicing.gpu.tessera.dev", "nvlink": "nvlink.gpu.tessera.dev", "h100": "h100.gpu.tessera.dev",
 }
+
+
+def test_chart_ships_the_mig_profile_classes_it_is_given(chart_classes):
+    from hack.k8stools import ensure_tools
+    from tests.test_helm import objects, render
+
+    del chart_classes  # only for its skip when helm is unavailable
+    docs = render(ensure_tools(), "deviceClasses.migProfiles=null")
+    none = {d["metadata"]["name"] for d in objects(docs, "DeviceClass")}
+    assert none == set(TOGGLES.values())
+    one = objects(render(ensure_tools(), "deviceClasses.migProfiles={2g.20gb}"), "DeviceClass")
+    assert {d["metadata"]["name"] for d in one} - set(TOGGLES.values()) == {"mig-2g.20gb.gpu.tessera.dev"}
 
 
 @pytest.mark.parametrize("toggle", sorted(TOGGLES))

@@ -53,8 +53,10 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     "single controller replica": ["controller.replicas=1", "controller.podDisruptionBudget.enabled=false"],
     "no ResourceSlice policy": ["resourceSlicePolicy.enabled=false"],
     "no DeviceClasses": [
-        f"deviceClasses.{name}=false" for name in ("gpu", "mig", "shared", "timeslicing", "nvlink", "h100")
+        *(f"deviceClasses.{name}=false" for name in ("gpu", "mig", "shared", "timeslicing", "nvlink", "h100")),
+        "deviceClasses.migProfiles=null",
     ],
+    "nvidia.com/gpu answered by tessera": ["extendedResources.nvidiaGpu=true"],
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
     "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
 }
@@ -759,6 +761,8 @@ def test_workload_selectors_match_their_pod_labels_and_not_each_other(tools):
         (["logLevel=verbose"], ["/logLevel"]),
         (["kubeletPlugin.simulat=t4-4"], ["/kubeletPlugin", "'simulat' not allowed"]),
         (["deviceClasses.a100=true"], ["/deviceClasses", "'a100' not allowed"]),
+        (["deviceClasses.migProfiles={1g.10GB}"], ["/deviceClasses/migProfiles/0"]),
+        (["extendedResources.nvidiaGpu=yes"], ["/extendedResources/nvidiaGpu"]),
         (["webhook.certificates.certManager.issuerRef.kind=ClusterIssuer"], ["issuerRef", "name"]),
         (["kubeletPlugin.privileged=maybe"], ["/kubeletPlugin/privileged"]),
     ],
