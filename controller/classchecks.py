@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera
-from controller.findings import Finding, has_errors
+from controller.findings import Finding, has_errors, warning
 from controller.matching import Condition, MatchResult, Requirement, match
 from controller.selectors import (
     compile_selectors,
@@ -35,11 +35,53 @@ def class_conditions(obj: Obj) -> tuple[list[Finding], list[Condition]]:
     return compile_selectors(spec.get("selectors"), "spec.selectors", f'DeviceClass "{name}"')
 
 
+def _created(obj: Obj) -> str:
+    # RFC 3339 in UTC with second precision sorts as a string. A class without one is being created
+    # now (an offline check of a file): it is the newest.
+    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
+    return stamp if isinstance(stamp, str) and stamp else "9999-12-31T23:59:59Z"
+
+
+def scheduler_pick(classes: list[Obj]) -> Obj:
+    """The class kube-scheduler 1.36 maps a shared extended resource name to (its extended resource
+    cache): the one created last; among classes created in the same second, the name that sorts first."""
+    newest = max(_created(c) for c in classes)
+    return min((c for c in classes if _created(c) == newest), key=lambda c: str(c["metadata"]["name"]))
+
+
+def extended_resource_findings(obj: Obj, ctx: CheckContext) -> list[Finding]:
+    """A warning when other classes already answer this class's spec.extendedResourceName: the
+    scheduler uses only one of them, silently, so pods may get devices from a class nobody meant."""
+    resource = (obj.get("spec") or {}).get("extendedResourceName")
+    if not isinstance(resource, str) or not resource:
+        return []
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    ours = class_targets_tessera(obj)
+    others = [
+        c for other, c in sorted(ctx.classes.items())
+        if other != name and isinstance(c, dict) and (c.get("spec") or {}).get("extendedResourceName") == resource
+        and (ours or class_targets_tessera(c))
+    ]
+    if not others:
+        return []
+    winner = str(scheduler_pick([obj, *others])["metadata"]["name"])
+    listed = ", ".join(f'"{(c.get("metadata") or {}).get("name")}"' for c in others)
+    plural = "es" if len(others) > 1 else ""
+    return [warning(
+        "spec.extendedResourceName",
+        f'DeviceClass{plural} {listed} already answer{"" if plural else "s"} the extended resource "{resource}"; '
+        f'the scheduler satisfies it from one class only, the one created last (same second: the name that '
+        f'sorts first), so pods asking for "{resource}" get devices from "{winner}". Give each class its own '
+        f"name, or delete the class you are replacing (see docs/operations.md, extended resources)",
+    )]
+
+
 def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
-    """Every rule for a DeviceClass; classes that do not target tessera get no findings."""
+    """Every rule for a DeviceClass. Classes that do not target tessera only hear about an extended
+    resource name they share with one of tessera's classes."""
     name = str((obj.get("metadata") or {}).get("name", ""))
     if not class_targets_tessera(obj):
-        return ClassReport(name, False)
+        return ClassReport(name, False, tuple(extended_resource_findings(obj, ctx)))
     spec = obj.get("spec") or {}
     used_by = f'DeviceClass "{name}"'
     findings, conditions = class_conditions(obj)
@@ -48,6 +90,7 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
     findings.extend(guard_findings(conditions, 0, ctx, used_by))
     config_errors, _ = decode_configs(spec.get("config"), "spec.config", in_class=True)
     findings.extend(config_errors)
+    findings.extend(extended_resource_findings(obj, ctx))
 
     result = None
     if ctx.inventory is not None and not has_errors(findings):

@@ -263,3 +263,22 @@ def test_template_without_a_spec_is_denied_with_the_path(handler):
     body, _ = handler.review("/validate-resourceclaim", review(obj))
     assert body["response"]["allowed"] is False
     assert "spec.spec: must be an object" in body["response"]["status"]["message"]
+
+
+def test_class_sharing_an_extended_resource_name_is_admitted_with_a_warning():
+    taken = copy.deepcopy(GPU_CLASS)
+    taken["metadata"]["name"] = "b200.gpu.tessera.dev"
+    taken["spec"]["extendedResourceName"] = "gpu.tessera.dev/gpu"
+    existing = copy.deepcopy(GPU_CLASS)
+    existing["spec"]["extendedResourceName"] = "gpu.tessera.dev/gpu"
+    existing["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+
+    def context() -> CheckContext:
+        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=None,
+                            classes={"gpu.tessera.dev": existing}, classes_complete=True)
+
+    response = AdmissionHandler(context).review("/validate-deviceclass", review(taken))[0]["response"]
+    assert response["allowed"] is True
+    (warning,) = response["warnings"]
+    assert warning.startswith('spec.extendedResourceName: DeviceClass "gpu.tessera.dev" already answers')
+    assert 'get devices from "b200.gpu.tessera.dev"' in warning

@@ -212,3 +212,80 @@ def test_selector_must_be_a_cel_expression():
     finding = only(check_device_class(obj, context(None)))
     assert finding.path == "spec.selectors[0].cel.expression"
     assert "must be a non-empty CEL expression" in finding.message
+
+
+# --- extended resource names shared by two classes ----------------------------------------------------------
+
+GPU_SELECTOR = f'device.driver == "gpu.tessera.dev" && {D}.type == "gpu"'
+
+
+def er_class(name: str, resource: str | None, created: str | None = None, selector: str = GPU_SELECTOR):
+    obj = device_class(name, selector)
+    if resource is not None:
+        obj["spec"]["extendedResourceName"] = resource
+    if created is not None:
+        obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+def er_check(obj, *existing):
+    ctx = context(None)
+    ctx.classes = {c["metadata"]["name"]: c for c in existing}
+    ctx.classes_complete = True
+    return check_device_class(obj, ctx)
+
+
+def test_a_new_class_taking_an_existing_extended_resource_name_warns_that_it_wins():
+    old = er_class("gpu.tessera.dev", "nvidia.com/gpu", "2026-01-01T00:00:00Z")
+    new = er_class("b200.gpu.tessera.dev", "nvidia.com/gpu", "2026-03-01T10:00:00Z")
+    finding = only(er_check(new, old))
+    assert finding.severity == "warning"
+    assert finding.path == "spec.extendedResourceName"
+    assert 'DeviceClass "gpu.tessera.dev" already answers the extended resource "nvidia.com/gpu"' in finding.message
+    assert 'pods asking for "nvidia.com/gpu" get devices from "b200.gpu.tessera.dev"' in finding.message
+
+
+def test_updating_the_older_class_warns_that_the_newer_one_keeps_the_name():
+    newer = er_class("b200.gpu.tessera.dev", "nvidia.com/gpu", "2026-03-01T10:00:00Z")
+    older = er_class("gpu.tessera.dev", "nvidia.com/gpu", "2026-01-01T00:00:00Z")
+    assert 'get devices from "b200.gpu.tessera.dev"' in only(er_check(older, newer)).message
+
+
+def test_classes_created_in_the_same_second_resolve_to_the_name_that_sorts_first():
+    a = er_class("a.gpu.tessera.dev", "gpu.tessera.dev/gpu", "2026-03-01T10:00:00Z")
+    z = er_class("z.gpu.tessera.dev", "gpu.tessera.dev/gpu", "2026-03-01T10:00:00Z")
+    assert 'get devices from "a.gpu.tessera.dev"' in only(er_check(z, a)).message
+    assert 'get devices from "a.gpu.tessera.dev"' in only(er_check(a, z)).message
+
+
+def test_a_class_without_creation_time_is_the_newest_one_being_created():
+    old = er_class("z.gpu.tessera.dev", "gpu.tessera.dev/gpu", "2026-03-01T10:00:00Z")
+    new = er_class("a.gpu.tessera.dev", "gpu.tessera.dev/gpu")
+    assert 'get devices from "a.gpu.tessera.dev"' in only(er_check(new, old)).message
+
+
+def test_every_other_class_with_the_name_is_listed():
+    one = er_class("one.gpu.tessera.dev", "nvidia.com/gpu", "2026-01-01T00:00:00Z")
+    two = er_class("two.gpu.tessera.dev", "nvidia.com/gpu", "2026-02-01T00:00:00Z")
+    new = er_class("gpu.tessera.dev", "nvidia.com/gpu", "2025-01-01T00:00:00Z")
+    message = only(er_check(new, one, two)).message
+    assert 'DeviceClasses "one.gpu.tessera.dev", "two.gpu.tessera.dev" already answer the extended' in message
+    assert 'get devices from "two.gpu.tessera.dev"' in message
+
+
+def test_distinct_or_absent_names_and_the_class_itself_do_not_warn():
+    mine = er_class("gpu.tessera.dev", "gpu.tessera.dev/gpu", "2026-01-01T00:00:00Z")
+    assert er_check(er_class("gpu.tessera.dev", "gpu.tessera.dev/gpu"), mine).findings == ()
+    assert er_check(er_class("mig-1g.10gb.gpu.tessera.dev", "gpu.tessera.dev/mig-1g.10gb"), mine).findings == ()
+    assert er_check(er_class("h100.gpu.tessera.dev", None), mine).findings == ()
+
+
+def test_another_drivers_class_taking_a_name_tessera_answers_is_warned_too():
+    ours = er_class("gpu.tessera.dev", "nvidia.com/gpu", "2026-01-01T00:00:00Z")
+    theirs = er_class("gpu.nvidia.com", "nvidia.com/gpu", "2026-02-01T00:00:00Z", 'device.driver == "gpu.nvidia.com"')
+    report = er_check(theirs, ours)
+    assert not report.targets_tessera
+    assert 'get devices from "gpu.nvidia.com"' in only(report).message
+    # Two classes of other drivers are none of tessera's business.
+    other = er_class("tpu.example.com", "nvidia.com/gpu", "2026-01-01T00:00:00Z", 'device.driver == "tpu.example.com"')
+    assert er_check(theirs, other).findings == ()
