@@ -152,8 +152,10 @@ class ControlPlane:
         self._start("controller-manager", [
             str(self.harness), "controller-manager", f"--kubeconfig={self.kubeconfig}",
             # The garbage collector deletes claims generated for pods that are gone (ownerReferences);
-            # without it every finished pod would keep its devices allocated.
-            "--controllers=resourceclaim-controller,garbage-collector-controller", "--leader-elect=false",
+            # without it every finished pod would keep its devices allocated. Deployments and their
+            # ReplicaSets: the extended-resource tests run GPU workloads the way users write them.
+            "--controllers=resourceclaim-controller,garbage-collector-controller,"
+            "deployment-controller,replicaset-controller", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
         ])
         wait_for(lambda: kube.get_or_none("Namespace", "default"), timeout=60, what="the default namespace")

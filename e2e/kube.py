@@ -34,6 +34,8 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Pod": ("/api/v1", "pods", True),
     "Event": ("/api/v1", "events", True),
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
