@@ -256,7 +256,14 @@ def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: 
     total = _bytes(total_text)
     if total is None:
         return error(total_path, f"{total_text} is not a whole number of bytes; write it like 16Gi")
-    cards = _count(body)
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return error(
+            f"{path}.count",
+            f'request "{name}" asks for count: {json.dumps(count)}, but sharing.totalMemory ({total_path}) is spread '
+            "over count cards: count must be a whole number of cards, at least 1",
+        )
+    cards = count
     if total % (cards * GiB) != 0:
         unit = cards * GiB
         low, high = (total // unit) * unit, (total // unit + 1) * unit

@@ -15,7 +15,7 @@ from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, a
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
 from driver.cel.errors import CelCompileError, CelRuntimeError
-from driver.cel.syntax import CelSyntaxError, line_and_column, parse
+from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
 
 log = structlog.get_logger(__name__)
 
@@ -24,6 +24,11 @@ ENGINES = ("celexpr", "celpy")
 # cel-expr-python agrees with Kubernetes on more of tests/cel/corpus.json (see tests/cel/README.md).
 DEFAULT_ENGINE = "celexpr"
 CACHE_SIZE = 512
+# Nesting tessera's recursive checker follows. Real selectors nest a handful of levels; the limits
+# keep a hostile one from reaching Python's recursion limit (a RecursionError, once an HTTP 500), and
+# the bracket limit sits below the depth at which the parser itself would run out of stack.
+MAX_BRACKET_DEPTH = 64
+MAX_TREE_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -148,23 +153,51 @@ def _compile(expression: str, engine: str) -> CompiledSelector:
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(expression, 0, f"expression is too long: {size} bytes, the limit is "
                                              f"{MAX_EXPRESSION_BYTES} bytes")
+    _check_brackets(expression)
     try:
         ast = parse(expression)
     except CelSyntaxError as e:
         line, column = line_and_column(expression, e.offset)
         raise CelCompileError(expression, column, f"syntax error: {e.message}", line=line) from None
+    depth = tree_depth(ast)
+    if depth > MAX_TREE_DEPTH:
+        raise CelCompileError(expression, 0, _too_deep(f"its syntax tree is {depth} levels deep", MAX_TREE_DEPTH))
     try:
         analysis = analyze(expression, ast)
+        if analysis.issues:
+            first = min(analysis.issues, key=lambda i: i.offset)
+            line, column = line_and_column(expression, first.offset)
+            raise CelCompileError(expression, column, first.message, line=line)
+        if analysis.estimated_cost > MAX_COST:
+            raise CelCompileError(expression, 0, f"too complex, exceeds cost limit: estimated cost "
+                                                 f"{analysis.estimated_cost} > {MAX_COST}; iterate over fewer or "
+                                                 f"smaller collections or avoid nested comprehensions")
+        program = _engine(engine).compile(expression, ast, analysis)
     except RecursionError:
-        raise CelCompileError(expression, 0, "expression nested too deeply") from None
-    if analysis.issues:
-        first = min(analysis.issues, key=lambda i: i.offset)
-        line, column = line_and_column(expression, first.offset)
-        raise CelCompileError(expression, column, first.message, line=line)
-    if analysis.estimated_cost > MAX_COST:
-        raise CelCompileError(expression, 0, f"too complex, exceeds cost limit: estimated cost "
-                                             f"{analysis.estimated_cost} > {MAX_COST}; iterate over fewer or "
-                                             f"smaller collections or avoid nested comprehensions")
-    program = _engine(engine).compile(expression, ast, analysis)
+        # the tree is within MAX_TREE_DEPTH, but the caller's own stack left too little room
+        raise CelCompileError(expression, 0, _too_deep(f"its syntax tree is {depth} levels deep",
+                                                       MAX_TREE_DEPTH)) from None
     return CompiledSelector(expression, engine, analysis.reads, analysis.result_type, analysis.estimated_cost,
                             program)
+
+
+def _too_deep(what: str, limit: int) -> str:
+    return f"expression nested too deeply: {what}, tessera checks at most {limit}; split it into several selectors"
+
+
+def _check_brackets(expression: str) -> None:
+    """Reject bracket nesting beyond MAX_BRACKET_DEPTH before the recursive parser sees it."""
+    try:
+        tokens = tokenize(expression)
+    except CelSyntaxError:
+        return  # the parser reports it, with its position
+    depth = deepest = 0
+    for token in tokens:
+        if token.kind == "op" and token.text in ("(", "[", "{", "[?"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.kind == "op" and token.text in (")", "]", "}"):
+            depth -= 1
+    if deepest > MAX_BRACKET_DEPTH:
+        raise CelCompileError(expression, 0, _too_deep(f"brackets nest {deepest} levels deep", MAX_BRACKET_DEPTH))
+
