@@ -16,7 +16,7 @@ from controller.classchecks import class_conditions
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera, is_our_class_name
 from controller.findings import Finding, error, warning
-from controller.matching import Condition, MatchResult, Requirement, match
+from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 from controller.multicard import pending_findings
 from controller.selectors import (
     compile_selectors,
@@ -24,6 +24,7 @@ from controller.selectors import (
     no_match_finding,
     runtime_findings,
     schema_findings,
+    skipped_finding,
 )
 
 Obj = dict[str, Any]
@@ -115,7 +116,8 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
                 report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings, explain=explain)
                 if report:
                     reports.append(report)
-    return ClaimReport(tuple(findings), tuple(reports))
+    # a skipped selector is reported once, however many checks needed it
+    return ClaimReport(tuple(dict.fromkeys(findings)), tuple(reports))
 
 
 def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding], *,
@@ -171,7 +173,11 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
     result = None
     own_errors = [f for f in findings[before:] if f.severity == "error"]
     if ctx.inventory is not None and not own_errors and (cls is not None or ctx.classes_complete):
-        result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
+        try:
+            result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
+        except EvaluationSkipped as skip:
+            findings.append(skipped_finding(skip))
+            return RequestReport(name, path, class_name, count, None)
         mine = MatchResult(
             result.per_node,
             result.checked,

@@ -8,13 +8,14 @@ from typing import Any
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera
 from controller.findings import Finding, has_errors
-from controller.matching import Condition, MatchResult, Requirement, match
+from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 from controller.selectors import (
     compile_selectors,
     guard_findings,
     no_match_finding,
     runtime_findings,
     schema_findings,
+    skipped_finding,
 )
 
 Obj = dict[str, Any]
@@ -51,8 +52,13 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
 
     result = None
     if ctx.inventory is not None and not has_errors(findings):
-        result = match(Requirement(tuple(conditions)), ctx.inventory, ctx.evaluator)
-        findings.extend(runtime_findings(result, {f.path for f in findings}, used_by))
-        if result.total == 0 and ctx.inventory.devices and not result.failures:
-            findings.append(no_match_finding("spec.selectors", used_by, result, ctx.inventory.incomplete_pools))
-    return ClassReport(name, True, tuple(findings), result)
+        try:
+            result = match(Requirement(tuple(conditions)), ctx.inventory, ctx.evaluator)
+        except EvaluationSkipped as skip:
+            findings.append(skipped_finding(skip))
+        else:
+            findings.extend(runtime_findings(result, {f.path for f in findings}, used_by))
+            if result.total == 0 and ctx.inventory.devices and not result.failures:
+                findings.append(no_match_finding("spec.selectors", used_by, result, ctx.inventory.incomplete_pools))
+    # a skipped selector is reported once, however many checks needed it
+    return ClassReport(name, True, tuple(dict.fromkeys(findings)), result)

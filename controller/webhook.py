@@ -9,6 +9,12 @@ Hostile or broken clients cannot take it down (docs/reliability.md):
 - Content-Length must be ASCII digits, and a body nested deeper than MAX_JSON_DEPTH is a 400 naming
   the depth, before anything recursive touches it.
 
+Reviews are CPU work under one GIL, so at most `max_reviews` run at once and `max_waiting` more wait
+for a slot; every review has a deadline below the apiserver's webhook timeout (the `timeout` query
+parameter the apiserver adds, and REVIEW_DEADLINE_S at most). A review that cannot start, or whose
+evaluations reach the deadline, is answered at once as cut short (controller.admission). /healthz and
+/readyz never take a review slot, so they answer while reviews queue.
+
 Certificates are re-read lazily: every accepted connection stats the two files and, when either
 changed (cert-manager or a Secret update rotates them in place), builds a new SSL context before the
 handshake. A half-written pair that does not load keeps the previous context and logs the error.
@@ -46,6 +52,11 @@ HEADER_TIMEOUT_S = 10.0  # an idle keep-alive connection, then request line and 
 BODY_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 10.0  # a client that stops reading the answer
 MAX_JSON_DEPTH = 100  # real AdmissionReviews nest about 15 levels
+MAX_REVIEWS = 4  # reviews evaluating at once: more only share the GIL (2-4 cores per replica)
+MAX_WAITING_REVIEWS = 16  # reviews waiting for a slot; more are cut short at once
+REVIEW_DEADLINE_S = 3.0  # the chart's webhook timeoutSeconds is 5
+DEADLINE_MARGIN_S = 1.5  # kept free below the apiserver's timeout: queueing, the answer's way back
+_TIMEOUT_PARAM = re.compile(r"(?:^|&)timeout=(\d+)s(?:&|$)")
 _DIGITS = re.compile(r"[0-9]{1,12}")  # str.isdigit() also takes "²", which int() then rejects
 
 Observer = Callable[[str, str, str, float], None]  # endpoint, kind, outcome, seconds
@@ -245,6 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large.encode(), "text/plain")
             return
         started = time.perf_counter()
+        deadline = time.monotonic() + self.server.app.deadline_for(self.path)
         self.read_deadline = time.monotonic() + BODY_TIMEOUT_S
         self.reading = f"request body of {length} bytes"
         try:
@@ -256,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = parse_json(raw)
-            response, verdict = self.server.app.handler.review(endpoint, body)
+            response, verdict = self.server.app.review(endpoint, body, deadline)
         except (ValueError, ReviewError) as exc:
             # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
             self.server.app.observe(endpoint, "", "bad-request", time.perf_counter() - started)
@@ -331,6 +343,38 @@ def json_depth(doc: Any) -> int:
     return deepest
 
 
+class ReviewSlots:
+    """At most `running` reviews at once and `waiting` more queued for a slot."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        if running < 1 or waiting < 0:
+            raise ValueError(f"need at least 1 running review and no negative queue, got {running}/{waiting}")
+        self.running = running
+        self.waiting = waiting
+        self._slots = threading.BoundedSemaphore(running)
+        self._lock = threading.Lock()
+        self._queued = 0
+
+    def acquire(self, deadline: float) -> str:
+        """"" once a slot is held (release() it), else why none was taken before `deadline`."""
+        if self._slots.acquire(blocking=False):
+            return ""
+        with self._lock:
+            if self._queued >= self.waiting:
+                return f"{self.running} reviews running and {self.waiting} waiting"
+            self._queued += 1
+        try:
+            if self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return ""
+            return f"no review slot came free before its deadline ({self.running} run at once)"
+        finally:
+            with self._lock:
+                self._queued -= 1
+
+    def release(self) -> None:
+        self._slots.release()
+
+
 class WebhookServer:
     """Serves the admission endpoints on `host:port` (port 0 picks a free one) until stop()."""
 
@@ -343,13 +387,39 @@ class WebhookServer:
         *,
         observe: Observer | None = None,
         ready: Callable[[], bool] | None = None,
+        max_reviews: int = MAX_REVIEWS,
+        max_waiting_reviews: int = MAX_WAITING_REVIEWS,
+        review_deadline_s: float = REVIEW_DEADLINE_S,
     ) -> None:
         self.handler = handler
         self.certs = certs
         self._observe = observe
         self._ready = ready
+        self.slots = ReviewSlots(max_reviews, max_waiting_reviews)
+        if review_deadline_s <= 0:
+            raise ValueError(f"the review deadline must be positive, got {review_deadline_s}")
+        self.review_deadline_s = review_deadline_s
         self._server = _Server((host, port), self)
         self._thread: threading.Thread | None = None
+
+    def deadline_for(self, path: str) -> float:
+        """Seconds a review of `path` may take: REVIEW_DEADLINE_S, less when the apiserver's `timeout`
+        query parameter (the webhook's timeoutSeconds) leaves less room."""
+        _, _, query = path.partition("?")
+        found = _TIMEOUT_PARAM.search(query)
+        if found is None:
+            return self.review_deadline_s
+        return min(self.review_deadline_s, max(0.5, int(found.group(1)) - DEADLINE_MARGIN_S))
+
+    def review(self, endpoint: str, body: Any, deadline: float) -> tuple[dict[str, Any], Verdict]:
+        """One review in a slot, or answered at once as cut short when no slot comes free in time."""
+        busy = self.slots.acquire(deadline)
+        if busy:
+            return self.handler.unreviewed(body, busy)
+        try:
+            return self.handler.review(endpoint, body, deadline=deadline)
+        finally:
+            self.slots.release()
 
     @property
     def port(self) -> int:
@@ -379,4 +449,4 @@ class WebhookServer:
             self._thread.join(timeout=5)
 
 
-__all__ = ["MAX_BODY_BYTES", "CertificateStore", "Verdict", "WebhookServer"]
+__all__ = ["MAX_BODY_BYTES", "CertificateStore", "ReviewSlots", "Verdict", "WebhookServer"]

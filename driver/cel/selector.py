@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import structlog
-
 from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, analyze
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
-from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
-
-log = structlog.get_logger(__name__)
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
@@ -43,10 +38,15 @@ class CompiledSelector:
     _program: Program
 
     def evaluate(self, device: DeviceView) -> bool:
-        """True/False for this device; CelRuntimeError when the scheduler would get an error."""
+        """True/False for this device; CelRuntimeError when the scheduler would get an error;
+        CelBudgetExceeded when cel-cpp's iteration budget stopped it (the outcome is unknown)."""
         if device.error:
             raise CelRuntimeError(device.error)
-        result = self._program.evaluate(device)
+        try:
+            result = self._program.evaluate(device)
+        except CelBudgetExceeded as e:
+            raise CelBudgetExceeded(f"{e.message} (estimated cost {self.estimated_cost:,}; Kubernetes allows "
+                                    f"{MAX_COST:,} and has no iteration budget)") from None
         if not isinstance(result, bool):
             raise CelRuntimeError(f"CEL result of type {_cel_type_name(result)} could not be converted to bool")
         return result
@@ -61,8 +61,10 @@ def _cel_type_name(value: object) -> str:
 def engine_name(engine: str | None) -> str:
     """The engine to use: the parameter, else $TESSERA_CEL_ENGINE, else the default.
 
-    When nobody asked for an engine and cel-expr-python cannot be imported (it ships binary wheels
-    only), cel-python is used instead, with a warning.
+    cel-python is used only when asked for by name: it has no iteration budget and evaluates about
+    1000x slower, so falling back to it silently would let one selector hold a CPU for minutes.
+    Without cel-expr-python (it ships binary wheels only) and without a choice, compiling fails
+    with a message that says both ways out.
     """
     requested = engine or os.environ.get(ENGINE_ENV_VAR)
     name = requested or DEFAULT_ENGINE
@@ -70,19 +72,19 @@ def engine_name(engine: str | None) -> str:
         raise ValueError(f"unknown CEL engine {name!r} (from {'parameter' if engine else ENGINE_ENV_VAR}); "
                          f"use one of {', '.join(ENGINES)}")
     if not requested and name == "celexpr" and not celexpr_available():
-        _fallback_warning()
-        return "celpy"
+        raise CelEngineMissing(
+            f"the default CEL engine needs cel-expr-python, which is not installed (it has wheels for Linux and "
+            f"macOS on x86_64 and arm64); install it, or set {ENGINE_ENV_VAR}=celpy to choose the much slower "
+            "cel-python engine explicitly")
     return name
+
+
+class CelEngineMissing(RuntimeError):
+    """No engine was chosen and the default one is not installed."""
 
 
 def celexpr_available() -> bool:
     return importlib.util.find_spec("cel_expr_python") is not None
-
-
-@functools.cache
-def _fallback_warning() -> None:
-    log.warning("cel_engine_fallback", engine="celpy", reason="cel-expr-python is not installed",
-                hint=f"install cel-expr-python or set {ENGINE_ENV_VAR}=celpy to silence this")
 
 
 _engines: dict[str, Engine] = {}

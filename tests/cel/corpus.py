@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from driver.cel import CelCompileError, CelRuntimeError, compile_selector, device_view
+from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus.json"
@@ -43,7 +43,8 @@ def slice_device(device: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
-    """(True | False | {"error": "compile"|"runtime"}, message)."""
+    """(True | False | {"error": "compile"|"runtime"|"budget"}, message); "budget" is tessera's own:
+    cel-cpp's iteration budget stopped the evaluation, so the outcome is unknown."""
     try:
         selector = compile_selector(case["expression"], engine=engine)
     except CelCompileError as e:
@@ -53,3 +54,5 @@ def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
         return selector.evaluate(view), ""
     except CelRuntimeError as e:
         return {"error": "runtime"}, e.message
+    except CelBudgetExceeded as e:
+        return {"error": "budget"}, e.message
