@@ -96,7 +96,10 @@ def test_bind(engine: str, gpu) -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_string_extension(engine: str, gpu) -> None:
-    assert run(f'{A}.productName.split(" ")[1].lowerAscii() == "h100"', engine, gpu) is True
+    # (split(" ")[1].lowerAscii() would exceed the apiserver's cost limit: an element of split() has no
+    # known size)
+    assert run(f'{A}.productName.split(" ")[0] == "NVIDIA" && {A}.productName.lowerAscii().contains("h100")',
+               engine, gpu) is True
 
 
 @pytest.mark.parametrize("engine", ENGINES)

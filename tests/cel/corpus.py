@@ -43,11 +43,14 @@ def slice_device(device: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
-    """(True | False | {"error": "compile"|"runtime"|"budget"}, message); "budget" is tessera's own:
-    cel-cpp's iteration budget stopped the evaluation, so the outcome is unknown."""
+    """(True | False | {"error": "compile"|"runtime"|"budget"|"cost"}, message). "budget": cel-cpp's
+    iteration budget stopped the evaluation (outcome unknown); "cost": over the apiserver's cost limit,
+    so Kubernetes rejects it at admission although its scheduler (the oracle here) would run it."""
     try:
         selector = compile_selector(case["expression"], engine=engine)
     except CelCompileError as e:
+        if e.message.startswith("too complex, exceeds cost limit"):
+            return {"error": "cost"}, e.message  # the apiserver's estimate; the scheduler never estimates
         return {"error": "compile"}, e.message
     view = device_view(case["device"]["driver"], slice_device(case["device"]))
     try:
