@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera
-from controller.findings import Finding, has_errors
+from controller.findings import Finding, error, has_errors
 from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 from controller.selectors import (
     compile_selectors,
@@ -33,6 +33,8 @@ def class_conditions(obj: Obj) -> tuple[list[Finding], list[Condition]]:
     """The class's selectors compiled, labelled with the class name."""
     name = str((obj.get("metadata") or {}).get("name", ""))
     spec = obj.get("spec") or {}
+    if not isinstance(spec, dict):
+        return [error("spec", f"must be an object, got {type(spec).__name__}")], []
     return compile_selectors(spec.get("selectors"), "spec.selectors", f'DeviceClass "{name}"')
 
 
@@ -42,8 +44,10 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
     if not class_targets_tessera(obj):
         return ClassReport(name, False)
     spec = obj.get("spec") or {}
-    used_by = f'DeviceClass "{name}"'
     findings, conditions = class_conditions(obj)
+    if not isinstance(spec, dict):
+        return ClassReport(name, True, tuple(findings))
+    used_by = f'DeviceClass "{name}"'
     for condition in conditions:
         findings.extend(schema_findings(condition, ctx))
     findings.extend(guard_findings(conditions, 0, ctx, used_by))

@@ -315,11 +315,14 @@ def pending_findings(spec: Obj, path: str, targets_tessera: Callable[[str], bool
 
 def _request_path(spec: Obj, path: str, ref: str) -> str:
     name, _, sub = ref.partition("/")
-    for i, request in enumerate((spec.get("devices") or {}).get("requests") or []):
+    devices = spec.get("devices")
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for i, request in enumerate(requests if isinstance(requests, list) else []):
         if isinstance(request, dict) and request.get("name") == name:
             if not sub:
                 return f"{path}.devices.requests[{i}]"
-            for j, s in enumerate(request.get("firstAvailable") or []):
+            alternatives = request.get("firstAvailable")
+            for j, s in enumerate(alternatives if isinstance(alternatives, list) else []):
                 if isinstance(s, dict) and s.get("name") == sub:
                     return f"{path}.devices.requests[{i}].firstAvailable[{j}]"
     return f"{path}.devices.requests"
