@@ -4,6 +4,8 @@ change, 3 MiB request limit, `/healthz` and `/readyz`. Nothing here decides anyt
 Hostile or broken clients cannot take it down (docs/reliability.md):
 - connections are served by a fixed pool of MAX_CONNECTIONS worker threads; up to MAX_PENDING more
   wait in a queue, and a connection beyond that is closed at once instead of getting a thread;
+  while any wait, every answer closes its keep-alive connection, so busy clients cannot keep all
+  workers and a new connection (a kubelet probe) gets one within a request's time;
 - the TLS handshake, the request line and headers, and the body each have a deadline for the whole
   read (not per recv, which a client sending a byte every few seconds would never hit);
 - Content-Length must be ASCII digits, and a body nested deeper than MAX_JSON_DEPTH is a 400 naming
@@ -45,15 +47,18 @@ from controller.admission import ENDPOINTS, AdmissionHandler, ReviewError, Verdi
 log = structlog.get_logger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
-MAX_CONNECTIONS = 64  # worker threads, each serving one connection at a time
-MAX_PENDING = 64  # accepted connections waiting for a worker; more are closed at once
+# Worker threads, each serving one connection at a time: twice the 64 concurrent reviews an
+# apiserver may send under load, so keep-alive connections leave room for probes. An idle worker
+# costs a blocked thread.
+MAX_CONNECTIONS = 128
+MAX_PENDING = 128  # accepted connections waiting for a worker; more are closed at once
 HANDSHAKE_TIMEOUT_S = 5.0
 HEADER_TIMEOUT_S = 10.0  # an idle keep-alive connection, then request line and headers
 BODY_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 10.0  # a client that stops reading the answer
 MAX_JSON_DEPTH = 100  # real AdmissionReviews nest about 15 levels
 MAX_REVIEWS = 4  # reviews evaluating at once: more only share the GIL (2-4 cores per replica)
-MAX_WAITING_REVIEWS = 16  # reviews waiting for a slot; more are cut short at once
+MAX_WAITING_REVIEWS = 64  # reviews waiting (up to their deadline) for a slot; more are cut short at once
 REVIEW_DEADLINE_S = 3.0  # the chart's webhook timeoutSeconds is 5
 DEADLINE_MARGIN_S = 1.5  # kept free below the apiserver's timeout: queueing, the answer's way back
 _TIMEOUT_PARAM = re.compile(r"(?:^|&)timeout=(\d+)s(?:&|$)")
@@ -127,6 +132,9 @@ class _Server(HTTPServer):
         sock, addr = self.socket.accept()
         # The handshake happens in a worker (setup()), so a slow client cannot stall accept().
         return self.app.certs.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+    def connections_waiting(self) -> bool:
+        return not self._pending.empty()
 
     def start_workers(self) -> None:
         for n in range(MAX_CONNECTIONS):
@@ -288,6 +296,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
+        if self.server.connections_waiting():
+            # a keep-alive connection would keep this worker while others queue (a kubelet probe
+            # opens a new connection each time): announce the close, and the client reconnects
+            # behind them
+            self.close_connection = True
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()

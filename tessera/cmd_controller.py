@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer for a review cut short at its deadline or left without a slot: deny (as "
                              "failurePolicy Fail answers a timeout; default) or allow with a warning (Ignore)")
     parser.add_argument("--max-concurrent-reviews", type=int, default=4,
-                        help="reviews evaluated at once (default 4); 16 more may wait for a slot")
+                        help="reviews evaluated at once (default 4); 64 more may wait for a slot")
     parser.add_argument("--review-deadline", type=float, default=3.0,
                         help="seconds a review may take (default 3; less when the webhook's timeoutSeconds "
                              "leaves less than 1.5 s of margin)")

@@ -27,7 +27,7 @@ from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.test_webhook_admission import claim, review
 from tests.test_webhook_fakecluster import device_class
-from tests.test_webhook_server import CA, connect, post
+from tests.test_webhook_server import CA, client_context, connect, post
 
 D = 'device.attributes["gpu.tessera.dev"]'
 HUNDRED = "[" + ", ".join(str(i) for i in range(100)) + "]"
@@ -268,4 +268,40 @@ def test_hostile_selectors_over_https_answer_with_a_warning(tmp_path, no_celpy: 
             assert status == 200 and response["allowed"] is True
             assert "cel-cpp's fixed budget per device" in response["warnings"][0]
     finally:
+        srv.stop()
+
+
+def test_busy_keep_alive_clients_cannot_keep_every_worker_from_a_new_probe(tmp_path, monkeypatch) -> None:
+    from controller import webhook
+
+    monkeypatch.setattr(webhook, "MAX_CONNECTIONS", 2)
+    ca = CA()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.issue(cert, key)
+    srv = WebhookServer(AdmissionHandler(context), CertificateStore(str(cert), str(key)), "127.0.0.1", 0)
+    srv.start()
+    stop = threading.Event()
+
+    def busy() -> None:  # back-to-back reviews on one keep-alive connection, reconnecting when closed
+        conn = connect(srv, ca)
+        body = json.dumps(review(device_class("gpu.tessera.dev", "true"))).encode()
+        while not stop.is_set():
+            try:
+                post(conn, "/validate-deviceclass", body)
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                conn = connect(srv, ca)
+
+    clients = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
+    try:
+        for t in clients:
+            t.start()
+        time.sleep(0.5)  # both workers now serve a busy connection
+        probe = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client_context(ca), timeout=5)
+        probe.request("GET", "/healthz")  # without the close-while-waiting rule: a 10 s wait, a timeout
+        assert probe.getresponse().status == 200
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(10)
         srv.stop()
