@@ -157,7 +157,7 @@ def measure(client: Client, samples: int, outcomes: Counter[str]) -> tuple[Summa
 
 
 def run(hostile_clients: int = 64, samples: int = 200, nodes: int = 125,
-        selectors: tuple[str, ...] = tuple(HOSTILE)) -> LoadResult:
+        selectors: tuple[str, ...] = tuple(HOSTILE), settle_s: float = 3.0) -> LoadResult:
     index = inventory(nodes)
     prototypes = prototype_index()
     handler = AdmissionHandler(lambda: CheckContext(
@@ -184,7 +184,7 @@ def run(hostile_clients: int = 64, samples: int = 200, nodes: int = 125,
                          for p in range(ATTACK_PROCESSES)]
             for process in processes:
                 process.start()
-            time.sleep(3.0)  # the processes start, and every attacker has a review in flight
+            time.sleep(settle_s)  # the processes start, every attacker has a review in flight, queues fill
             loaded = measure(client, samples, benign["loaded"])
             stop.set()
             outcomes: Counter[str] = Counter()
@@ -288,6 +288,8 @@ def main() -> None:
     parser.add_argument("--hostile", type=int, default=64, help="concurrent hostile clients (default 64)")
     parser.add_argument("--samples", type=int, default=200, help="benign reviews per case (default 200)")
     parser.add_argument("--nodes", type=int, default=125, help="DGX H100 nodes in the inventory (default 125)")
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds of attack before the loaded measurement starts (default 3)")
     parser.add_argument("--selectors", default=",".join(HOSTILE),
                         help=f"hostile selectors to send, comma-separated among: {', '.join(HOSTILE)}")
     args = parser.parse_args()
@@ -297,7 +299,7 @@ def main() -> None:
     unknown = [name for name in chosen if name not in HOSTILE]
     if unknown:
         parser.error(f"unknown selectors {unknown}; choose among {', '.join(HOSTILE)}")
-    result = run(args.hostile, args.samples, args.nodes, chosen)
+    result = run(args.hostile, args.samples, args.nodes, chosen, args.settle)
     print(render(result))
     print(f"\n{machine()}\nran in {time.perf_counter() - started:.0f} s")
 
