@@ -24,7 +24,7 @@ from pathlib import Path
 
 import structlog
 
-from benchmarks import admission_bench, cel_compare, fsync_floor, prepare_bench, publish_bench
+from benchmarks import admission_bench, cel_compare, fsync_floor, prepare_bench, publish_bench, webhook_load_bench
 from benchmarks.stats import Summary, machine, table
 
 
@@ -50,6 +50,8 @@ class Params:
     warmup_s: float
     window_s: float
     round_trips: int
+    hostile_clients: int = 64  # webhook under hostile load
+    load_samples: int = 200
 
 
 FULL = Params(
@@ -62,7 +64,7 @@ QUICK = Params(
     floor_iterations=50, claims=10, burst=8, concurrency=prepare_bench.CONCURRENCY, wipes=1,
     admission_sizes=(10, 1_000), admission_repeat=10, cel_seconds=0.2, cel_copies=5, cel_heavy=False,
     cluster=False, cluster_claims=5, scheduling_pods=20, podstart_rounds=2, podstart_burst=10,
-    warmup_s=1.0, window_s=2.0, round_trips=5,
+    warmup_s=1.0, window_s=2.0, round_trips=5, hostile_clients=8, load_samples=20,
 )
 
 
@@ -117,6 +119,9 @@ def run(params: Params, report: Report, harness: Path | None) -> None:
     with report.section("CEL evaluation rate: Python engines vs the Go oracle") as add:
         add(cel_compare.render(cel_compare.run(harness, params.cel_seconds, params.cel_copies,
                                                include_heavy=params.cel_heavy)))
+
+    with report.section("Webhook under hostile load (HTTPS, 1,000 GPUs)") as add:
+        add(webhook_load_bench.render(webhook_load_bench.run(params.hostile_clients, params.load_samples)))
 
     if params.cluster:
         run_cluster(params, report, floor)

@@ -6,6 +6,12 @@ and how findings become `allowed`, `status.message`, `warnings` and a JSONPatch.
 - /validate-resourceclaim: ResourceClaim and ResourceClaimTemplate CREATE (their spec is immutable, so
   UPDATEs, e.g. status writes and finalizer removal, are always allowed).
 - /mutate-resourceclaim: the multi-card rewrite on CREATE; it denies only what it cannot rewrite.
+
+A review may carry a deadline (the server sets one below the apiserver's webhook timeout). Once it
+passes, no further selector is evaluated and the review is answered at once, "cut short": denied
+when the chart's failurePolicy is Fail (on_deadline="deny": the apiserver would have denied on the
+timeout anyway, and no unchecked object gets in), admitted with a warning when it is Ignore
+(on_deadline="allow": the apiserver would have admitted it unchecked).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -23,6 +29,7 @@ from controller.claimchecks import check_claim_spec, targets_tessera
 from controller.classchecks import check_device_class
 from controller.context import CheckContext
 from controller.findings import Finding
+from controller.matching import ReviewDeadlineExceeded
 from controller.multicard import ANNOTATION, rewrite_claim_spec
 
 log = structlog.get_logger(__name__)
@@ -35,6 +42,8 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 RESOURCE_GROUP = "resource.k8s.io"
 
 Obj = dict[str, Any]
+OnDeadline = Literal["deny", "allow"]
+ON_DEADLINE: tuple[OnDeadline, ...] = ("deny", "allow")
 
 
 class ReviewError(ValueError):
@@ -48,10 +57,13 @@ class Verdict:
     warnings: tuple[str, ...] = ()
     patch: tuple[Obj, ...] = ()
     kind: str = ""
+    cut_short: bool = False
 
     @property
     def outcome(self) -> str:
-        """Label for metrics: denied, mutated, warned or allowed."""
+        """Label for metrics: cut-short, denied, mutated, warned or allowed."""
+        if self.cut_short:
+            return "cut-short"
         if not self.allowed:
             return "denied"
         if self.patch:
@@ -63,13 +75,20 @@ class AdmissionHandler:
     """Turns one AdmissionReview into a response. `context` is called once per review so every review
     sees the newest inventory snapshot."""
 
-    def __init__(self, context: Callable[[], CheckContext]) -> None:
+    def __init__(self, context: Callable[[], CheckContext], *, on_deadline: OnDeadline = "deny") -> None:
+        if on_deadline not in ON_DEADLINE:
+            raise ValueError(f"on_deadline must be one of {', '.join(ON_DEADLINE)}, not {on_deadline!r}")
         self._context = context
+        self.on_deadline = on_deadline
 
-    def review(self, endpoint: str, body: Any) -> tuple[Obj, Verdict]:
+    def review(self, endpoint: str, body: Any, *, deadline: float | None = None) -> tuple[Obj, Verdict]:
+        """The answer to one AdmissionReview; `deadline` (time.monotonic()) cuts its evaluations short."""
         request = _parse(body)
         started = time.perf_counter()
-        verdict = self._decide(endpoint, request)
+        try:
+            verdict = self._decide(endpoint, request, deadline)
+        except ReviewDeadlineExceeded as exc:
+            verdict = self.cut_short(request, f"its deadline passed after {exc.evaluations} selector evaluations")
         log.info(
             "admission",
             endpoint=endpoint,
@@ -83,7 +102,28 @@ class AdmissionHandler:
         )
         return _response(str(request["uid"]), verdict), verdict
 
-    def _decide(self, endpoint: str, request: Obj) -> Verdict:
+    def unreviewed(self, body: Any, reason: str) -> tuple[Obj, Verdict]:
+        """The answer for a review the server could not start in time (`reason` says why)."""
+        request = _parse(body)
+        verdict = self.cut_short(request, reason)
+        log.warning("admission cut short", reason=reason, kind=verdict.kind, outcome=verdict.outcome)
+        return _response(str(request["uid"]), verdict), verdict
+
+    def cut_short(self, request: Obj, reason: str) -> Verdict:
+        kind_info = request.get("kind") or {}
+        kind = str(kind_info.get("kind", "")) if isinstance(kind_info, dict) else ""
+        obj = request.get("object")
+        name = _name(obj) if isinstance(obj, dict) else ""
+        what = f'{kind} "{name}"'
+        if self.on_deadline == "allow":
+            note = (f"tessera did not finish checking {what} ({reason}); admitted unchecked, as the webhook's "
+                    "failurePolicy Ignore asks")
+            return Verdict(True, warnings=(note,), kind=kind, cut_short=True)
+        message = (f"tessera could not finish checking {what} ({reason}) and denies it, as the webhook's "
+                   "failurePolicy Fail asks: retry, or simplify its selectors if this repeats")
+        return Verdict(False, message, kind=kind, cut_short=True)
+
+    def _decide(self, endpoint: str, request: Obj, deadline: float | None = None) -> Verdict:
         if endpoint not in ENDPOINTS:
             raise ReviewError(f"unknown endpoint {endpoint}; tessera serves {', '.join(ENDPOINTS)}")
         kind_info = request.get("kind") or {}
@@ -104,18 +144,23 @@ class AdmissionHandler:
             old = request.get("oldObject")
             if operation == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
                 return Verdict(True, kind=kind)
-            return _judged(check_device_class(obj, self._context()).findings, kind, _name(obj))
+            return _judged(check_device_class(obj, self._checks(deadline)).findings, kind, _name(obj))
         if kind not in CLAIM_KINDS:
             note = f"{endpoint} expects ResourceClaim or ResourceClaimTemplate, got {kind}"
             return Verdict(True, warnings=(note,), kind=kind)
         if operation != "CREATE":
             return Verdict(True, kind=kind)
         spec, path = _claim_spec(obj, kind)
-        ctx = self._context()
+        ctx = self._checks(deadline)
         if endpoint == MUTATE_CLAIM:
             return _mutation(obj, spec, path, kind, ctx)
         target = _explain_target(obj, kind, str(request.get("namespace") or ""))
         return _judged(check_claim_spec(spec, path, ctx, explain=target).findings, kind, _name(obj))
+
+    def _checks(self, deadline: float | None) -> CheckContext:
+        ctx = self._context()
+        ctx.evaluator.deadline = deadline
+        return ctx
 
 
 def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:

@@ -6,13 +6,13 @@ from typing import Any
 
 import structlog
 
-from controller.admission import AdmissionHandler
+from controller.admission import AdmissionHandler, OnDeadline
 from controller.context import CheckContext
 from controller.informer import ClusterCache, ClusterReader
 from controller.metrics import ControllerMetrics
 from controller.prototypes import prototype_index
 from controller.schema import published_schema
-from controller.webhook import CertificateStore, WebhookServer
+from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, CertificateStore, WebhookServer
 
 log = structlog.get_logger(__name__)
 
@@ -37,11 +37,14 @@ class ControllerApp:
         tls_key: str,
         listen: tuple[str, int],
         metrics_addr: tuple[str, int] | None,
+        on_deadline: OnDeadline = "deny",
+        max_reviews: int = MAX_REVIEWS,
+        review_deadline_s: float = REVIEW_DEADLINE_S,
         **cache_options: Any,
     ) -> None:
         self.cache = ClusterCache(api, **cache_options)
         self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
-        self.handler = AdmissionHandler(self.context)
+        self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
         self.webhook = WebhookServer(
             self.handler,
             CertificateStore(tls_cert, tls_key),
@@ -49,6 +52,8 @@ class ControllerApp:
             listen[1],
             observe=self.metrics.observe,
             ready=self.cache.synced,
+            max_reviews=max_reviews,
+            review_deadline_s=review_deadline_s,
         )
         self._metrics_addr = metrics_addr
         self._metrics_server: Any = None

@@ -16,7 +16,7 @@ from controller.classchecks import class_conditions
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera, is_our_class_name
 from controller.findings import Finding, error, warning
-from controller.matching import Condition, MatchResult, Requirement, match
+from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 from controller.multicard import pending_findings
 from controller.selectors import (
     compile_selectors,
@@ -24,6 +24,7 @@ from controller.selectors import (
     no_match_finding,
     runtime_findings,
     schema_findings,
+    skipped_finding,
 )
 
 Obj = dict[str, Any]
@@ -61,13 +62,19 @@ def _near_tessera_class(ctx: CheckContext, class_name: str) -> str | None:
 def request_names(spec: Obj) -> list[str]:
     """Every name a constraint or config may use: `req`, and `req/sub` for firstAvailable entries."""
     names: list[str] = []
-    for request in (spec.get("devices") or {}).get("requests") or []:
+    devices = spec.get("devices")
+    for request in _list(devices.get("requests") if isinstance(devices, dict) else None):
         if not isinstance(request, dict):
             continue
         name = str(request.get("name", ""))
         names.append(name)
-        names.extend(f"{name}/{s.get('name')}" for s in request.get("firstAvailable") or [] if isinstance(s, dict))
+        names.extend(f"{name}/{s.get('name')}" for s in _list(request.get("firstAvailable")) if isinstance(s, dict))
     return names
+
+
+def _list(value: Any) -> list[Any]:
+    """A list field as a list; any other shape is reported where it is checked and read as empty here."""
+    return value if isinstance(value, list) else []
 
 
 def explain_hint(target: str = "") -> str:
@@ -84,6 +91,8 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
     if not isinstance(spec, dict):
         return ClaimReport((error(path, "must be an object"),))
     devices = spec.get("devices") or {}
+    if not isinstance(devices, dict):
+        return ClaimReport((error(f"{path}.devices", f"must be an object, got {type(devices).__name__}"),))
     findings: list[Finding] = []
     config_errors, configs = decode_configs(devices.get("config"), f"{path}.devices.config", in_class=False)
     findings.extend(config_errors)
@@ -100,7 +109,11 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
     findings.extend(pending_findings(spec, path, lambda name: targets_tessera(ctx, name)))
 
     reports: list[RequestReport] = []
-    for i, request in enumerate(devices.get("requests") or []):
+    requests = devices.get("requests") or []
+    if not isinstance(requests, list):
+        findings.append(error(f"{path}.devices.requests", f"must be a list, got {type(requests).__name__}"))
+        requests = []
+    for i, request in enumerate(requests):
         if not isinstance(request, dict):
             continue
         name = str(request.get("name", ""))
@@ -109,13 +122,18 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
             report = _check_request(request["exactly"], f"{rpath}.exactly", name, ctx, findings, explain=explain)
             if report:
                 reports.append(report)
-        for j, sub in enumerate(request.get("firstAvailable") or []):
+        alternatives = request.get("firstAvailable")
+        if alternatives is not None and not isinstance(alternatives, list):
+            findings.append(error(f"{rpath}.firstAvailable", f"must be a list of subrequests, got "
+                                                             f"{type(alternatives).__name__}"))
+        for j, sub in enumerate(_list(alternatives)):
             if isinstance(sub, dict):
                 ref = f"{name}/{sub.get('name', '')}"
                 report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings, explain=explain)
                 if report:
                     reports.append(report)
-    return ClaimReport(tuple(findings), tuple(reports))
+    # a skipped selector is reported once, however many checks needed it
+    return ClaimReport(tuple(dict.fromkeys(findings)), tuple(reports))
 
 
 def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding], *,
@@ -171,7 +189,11 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
     result = None
     own_errors = [f for f in findings[before:] if f.severity == "error"]
     if ctx.inventory is not None and not own_errors and (cls is not None or ctx.classes_complete):
-        result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
+        try:
+            result = match(Requirement(tuple(conditions), tuple(needs)), ctx.inventory, ctx.evaluator)
+        except EvaluationSkipped as skip:
+            findings.append(skipped_finding(skip))
+            return RequestReport(name, path, class_name, count, None)
         mine = MatchResult(
             result.per_node,
             result.checked,

@@ -7,14 +7,15 @@ from typing import Any
 
 from controller.configchecks import decode_configs
 from controller.context import CheckContext, class_targets_tessera
-from controller.findings import Finding, has_errors, warning
-from controller.matching import Condition, MatchResult, Requirement, match
+from controller.findings import Finding, error, has_errors, warning
+from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 from controller.selectors import (
     compile_selectors,
     guard_findings,
     no_match_finding,
     runtime_findings,
     schema_findings,
+    skipped_finding,
 )
 
 Obj = dict[str, Any]
@@ -32,6 +33,8 @@ def class_conditions(obj: Obj) -> tuple[list[Finding], list[Condition]]:
     """The class's selectors compiled, labelled with the class name."""
     name = str((obj.get("metadata") or {}).get("name", ""))
     spec = obj.get("spec") or {}
+    if not isinstance(spec, dict):
+        return [error("spec", f"must be an object, got {type(spec).__name__}")], []
     return compile_selectors(spec.get("selectors"), "spec.selectors", f'DeviceClass "{name}"')
 
 
@@ -83,8 +86,10 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
     if not class_targets_tessera(obj):
         return ClassReport(name, False, tuple(extended_resource_findings(obj, ctx)))
     spec = obj.get("spec") or {}
-    used_by = f'DeviceClass "{name}"'
     findings, conditions = class_conditions(obj)
+    if not isinstance(spec, dict):
+        return ClassReport(name, True, tuple(findings))
+    used_by = f'DeviceClass "{name}"'
     for condition in conditions:
         findings.extend(schema_findings(condition, ctx))
     findings.extend(guard_findings(conditions, 0, ctx, used_by))
@@ -94,8 +99,13 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
 
     result = None
     if ctx.inventory is not None and not has_errors(findings):
-        result = match(Requirement(tuple(conditions)), ctx.inventory, ctx.evaluator)
-        findings.extend(runtime_findings(result, {f.path for f in findings}, used_by))
-        if result.total == 0 and ctx.inventory.devices and not result.failures:
-            findings.append(no_match_finding("spec.selectors", used_by, result, ctx.inventory.incomplete_pools))
-    return ClassReport(name, True, tuple(findings), result)
+        try:
+            result = match(Requirement(tuple(conditions)), ctx.inventory, ctx.evaluator)
+        except EvaluationSkipped as skip:
+            findings.append(skipped_finding(skip))
+        else:
+            findings.extend(runtime_findings(result, {f.path for f in findings}, used_by))
+            if result.total == 0 and ctx.inventory.devices and not result.failures:
+                findings.append(no_match_finding("spec.selectors", used_by, result, ctx.inventory.incomplete_pools))
+    # a skipped selector is reported once, however many checks needed it
+    return ClassReport(name, True, tuple(dict.fromkeys(findings)), result)

@@ -53,5 +53,9 @@ def decode_configs(configs: Any, path: str, *, in_class: bool) -> tuple[list[Fin
                         )
                     )
         requests = entry.get("requests") or []
+        if not isinstance(requests, list):
+            findings.append(error(f"{path}[{i}].requests", f"must be a list of request names, got "
+                                                          f"{type(requests).__name__}"))
+            continue
         decoded.append(DecodedConfig(i, params_path, tuple(str(r) for r in requests), config))
     return findings, decoded

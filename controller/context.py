@@ -40,12 +40,17 @@ def class_targets_tessera(obj: Obj) -> bool:
     name = str((obj.get("metadata") or {}).get("name", ""))
     if is_our_class_name(name):
         return True
-    spec = obj.get("spec") or {}
-    for selector in spec.get("selectors") or ():
-        expression = ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, dict) else None
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    selectors, configs = spec.get("selectors"), spec.get("config")
+    for selector in selectors if isinstance(selectors, list) else ():
+        cel = selector.get("cel") if isinstance(selector, dict) else None
+        expression = cel.get("expression") if isinstance(cel, dict) else None
         if isinstance(expression, str) and DRIVER in expression:
             return True
-    for config in spec.get("config") or ():
-        if isinstance(config, dict) and ((config.get("opaque") or {}).get("driver") == DRIVER):
+    for config in configs if isinstance(configs, list) else ():
+        opaque = config.get("opaque") if isinstance(config, dict) else None
+        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER:
             return True
     return False

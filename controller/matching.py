@@ -6,6 +6,7 @@ matches, the nearest miss is the device failing the fewest top-level `&&` parts.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -94,15 +95,43 @@ class MatchResult:
         return f"{self.total} of {self.checked} devices on {len(self.per_node)} node{plural} ({nodes})"
 
 
-class Evaluator:
-    """Memoised selector outcomes per (expression, device shape). One per admission request or check run."""
+class EvaluationSkipped(Exception):
+    """cel-cpp's iteration budget stopped a selector on some device: its outcome is unknown to tessera.
 
-    def __init__(self) -> None:
+    The checks that need it (guard, runtime failures, matching) skip that selector and say so."""
+
+    def __init__(self, condition: Condition, message: str) -> None:
+        super().__init__(message)
+        self.condition = condition
+        self.message = message
+
+
+class ReviewDeadlineExceeded(Exception):
+    """The review's deadline passed before its evaluations were done; no further selector is run."""
+
+    def __init__(self, evaluations: int) -> None:
+        super().__init__(f"deadline passed after {evaluations} selector evaluations")
+        self.evaluations = evaluations
+
+
+class Evaluator:
+    """Memoised selector outcomes per (expression, device shape). One per admission request or check run.
+
+    `deadline` (time.monotonic()) is checked before every evaluation: past it, ReviewDeadlineExceeded.
+    An evaluation cel-cpp stops at its iteration budget raises EvaluationSkipped, or, with
+    `budget_as_outcome` (the explain CLI, which shows outcomes rather than judging them), becomes an
+    outcome text saying it was not evaluated.
+    """
+
+    def __init__(self, deadline: float | None = None, *, budget_as_outcome: bool = False) -> None:
         self._memo: dict[tuple[str, Any], Outcome] = {}
+        self._skipped: dict[tuple[str, Any], str] = {}
         self.evaluations = 0
+        self.deadline = deadline
+        self.budget_as_outcome = budget_as_outcome
 
     def outcome(self, condition: Condition, device: InventoryDevice) -> Outcome:
-        from driver.cel import CelRuntimeError, DeviceViewError
+        from driver.cel import CelBudgetExceeded, CelRuntimeError, DeviceViewError
 
         if dedup_safe(condition.expression):
             key: tuple[str, Any] = (condition.expression, shape_key(device, read_keys(condition.selector)))
@@ -111,11 +140,20 @@ class Evaluator:
         cached = self._memo.get(key)
         if cached is not None:
             return cached
+        if key in self._skipped:
+            raise EvaluationSkipped(condition, self._skipped[key])
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise ReviewDeadlineExceeded(self.evaluations)
         self.evaluations += 1
         try:
             result: Outcome = bool(condition.selector.evaluate(device.view))
         except (CelRuntimeError, DeviceViewError) as exc:
             result = str(exc) or type(exc).__name__
+        except CelBudgetExceeded as exc:
+            if not self.budget_as_outcome:
+                self._skipped[key] = exc.message
+                raise EvaluationSkipped(condition, exc.message) from None
+            result = f"not evaluated by tessera: {exc.message}"
         self._memo[key] = result
         return result
 

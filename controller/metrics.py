@@ -55,7 +55,7 @@ class ControllerMetrics:
         self.admissions = Counter(
             "tessera_controller_admission_requests",
             "AdmissionReviews answered, by endpoint, object kind and outcome "
-            "(allowed, warned, mutated, denied, bad-request, too-large, error)",
+            "(allowed, warned, mutated, denied, cut-short, bad-request, too-large, error)",
             ["endpoint", "kind", "outcome"],
             registry=self.registry,
         )

@@ -256,7 +256,14 @@ def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: 
     total = _bytes(total_text)
     if total is None:
         return error(total_path, f"{total_text} is not a whole number of bytes; write it like 16Gi")
-    cards = _count(body)
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return error(
+            f"{path}.count",
+            f'request "{name}" asks for count: {json.dumps(count)}, but sharing.totalMemory ({total_path}) is spread '
+            "over count cards: count must be a whole number of cards, at least 1",
+        )
+    cards = count
     if total % (cards * GiB) != 0:
         unit = cards * GiB
         low, high = (total // unit) * unit, (total // unit + 1) * unit
@@ -308,11 +315,14 @@ def pending_findings(spec: Obj, path: str, targets_tessera: Callable[[str], bool
 
 def _request_path(spec: Obj, path: str, ref: str) -> str:
     name, _, sub = ref.partition("/")
-    for i, request in enumerate((spec.get("devices") or {}).get("requests") or []):
+    devices = spec.get("devices")
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for i, request in enumerate(requests if isinstance(requests, list) else []):
         if isinstance(request, dict) and request.get("name") == name:
             if not sub:
                 return f"{path}.devices.requests[{i}]"
-            for j, s in enumerate(request.get("firstAvailable") or []):
+            alternatives = request.get("firstAvailable")
+            for j, s in enumerate(alternatives if isinstance(alternatives, list) else []):
                 if isinstance(s, dict) and s.get("name") == sub:
                     return f"{path}.devices.requests[{i}].firstAvailable[{j}]"
     return f"{path}.devices.requests"

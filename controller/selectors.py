@@ -16,7 +16,7 @@ from typing import Any
 from controller.context import CheckContext
 from controller.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
 from controller.inventory import InventoryDevice
-from controller.matching import Condition, MatchResult
+from controller.matching import Condition, EvaluationSkipped, MatchResult
 from controller.shapes import shapes
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
@@ -123,15 +123,29 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
         if not risky:
             continue
         lacking = {t for r in risky for t in schema.lacking(r.domain, r.name)}
-        for device in _samples(ctx, conditions[: i + 1], lacking):
-            if not _reaches(conditions[:i], device, ctx):
-                continue
-            outcome = ctx.evaluator.outcome(condition, device)
-            missing = [r for r in risky if device.attribute(r.domain, r.name) is None]
-            if isinstance(outcome, str) and missing:
-                findings.append(error(condition.path, _unguarded_message(missing[0], device, outcome, ctx, used_by)))
-                break
+        try:
+            for device in _samples(ctx, conditions[: i + 1], lacking):
+                if not _reaches(conditions[:i], device, ctx):
+                    continue
+                outcome = ctx.evaluator.outcome(condition, device)
+                missing = [r for r in risky if device.attribute(r.domain, r.name) is None]
+                if isinstance(outcome, str) and missing:
+                    findings.append(error(condition.path,
+                                          _unguarded_message(missing[0], device, outcome, ctx, used_by)))
+                    break
+        except EvaluationSkipped as skip:
+            findings.append(skipped_finding(skip))
     return findings
+
+
+def skipped_finding(skip: EvaluationSkipped) -> Finding:
+    """The warning for a selector cel-cpp's iteration budget kept tessera from evaluating."""
+    return warning(
+        skip.condition.path,
+        f"tessera did not evaluate {skip.condition.owner} against devices, so its checks for unguarded reads, runtime "
+        f"errors and matching devices were skipped: {skip.message}. The scheduler evaluates it in full; "
+        "iterate over fewer or smaller lists to have tessera check it",
+    )
 
 
 def _samples(ctx: CheckContext, conditions: Sequence[Condition], device_types: set[str]) -> list[InventoryDevice]:

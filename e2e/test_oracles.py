@@ -91,6 +91,24 @@ def test_tessera_cel_engines_agree_with_kubernetes_on_the_corpus(cluster: Cluste
     assert not disagreements, "\n".join(disagreements)
 
 
+def test_tessera_cost_estimate_equals_the_apiservers_on_the_cost_corpus(cluster: Cluster) -> None:
+    """tests/cel/cost_corpus.json: size-dependent selectors whose estimate tessera must get exactly as
+    Kubernetes' validation computes it (k8s.io/dynamic-resource-allocation/cel with cost estimation)."""
+    from driver.cel.analysis import analyze
+    from driver.cel.syntax import parse
+
+    cases = json.loads((CEL_CORPUS_DIR / "cost_corpus.json").read_text())
+    rc, oracle = harness_json(cluster, "cel", cases)
+    assert rc == 0
+    wrong = []
+    for case, result in zip(cases, oracle, strict=True):
+        mine = analyze(case["expression"], parse(case["expression"])).estimated_cost
+        if not mine == result.get("estimatedCost") == case["estimatedCost"]:
+            wrong.append(f"{case['name']}: tessera {mine}, kubernetes {result.get('estimatedCost')}, corpus "
+                         f"{case['estimatedCost']}: {case['expression'][:120]}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_allocator_oracle_places_an_nvlink_quad_on_one_island(cluster: Cluster) -> None:
     try:
         from driver.discovery import load_inventory

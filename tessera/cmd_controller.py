@@ -14,6 +14,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", required=True, help="PEM private key of the webhook")
     parser.add_argument("--listen", default=":8443", help="HOST:PORT of the HTTPS webhook (default :8443)")
     parser.add_argument("--metrics-addr", default=":9401", help="HOST:PORT of /metrics (default :9401; empty: off)")
+    parser.add_argument("--on-deadline", choices=("deny", "allow"), default="deny",
+                        help="answer for a review cut short at its deadline or left without a slot: deny (as "
+                             "failurePolicy Fail answers a timeout; default) or allow with a warning (Ignore)")
+    parser.add_argument("--max-concurrent-reviews", type=int, default=4,
+                        help="reviews evaluated at once (default 4); 64 more may wait for a slot")
+    parser.add_argument("--review-deadline", type=float, default=3.0,
+                        help="seconds a review may take (default 3; less when the webhook's timeoutSeconds "
+                             "leaves less than 1.5 s of margin)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = ControllerApp(
             api, tls_cert=args.tls_cert, tls_key=args.tls_key, listen=listen,
-            metrics_addr=metrics,
+            metrics_addr=metrics, on_deadline=args.on_deadline, max_reviews=args.max_concurrent_reviews,
+            review_deadline_s=args.review_deadline,
         )
+    except ValueError as exc:
+        log.error("bad webhook setting", error=str(exc))
+        return 2
     except (OSError, ssl.SSLError) as exc:
         log.error("cannot start the webhook", error=str(exc), tls_cert=args.tls_cert, tls_key=args.tls_key)
         return 1

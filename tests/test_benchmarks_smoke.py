@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import admission_bench, cel_compare, footprint, fsync_floor, prepare_bench, publish_bench
+from benchmarks import (
+    admission_bench,
+    cel_compare,
+    footprint,
+    fsync_floor,
+    prepare_bench,
+    publish_bench,
+    webhook_load_bench,
+)
 from benchmarks import run as bench_run
 from benchmarks.memapi import MemoryKubeAPI
 from benchmarks.stats import percentile, summarize, table
@@ -142,11 +150,12 @@ def test_quick_run_without_a_cluster_writes_every_section(tmp_path: Path) -> Non
     tiny = bench_run.Params(
         floor_iterations=2, claims=1, burst=1, concurrency=(1, 2), wipes=1, admission_sizes=(10,), admission_repeat=1,
         cel_seconds=0.01, cel_copies=2, cel_heavy=False, cluster=False, cluster_claims=1, scheduling_pods=1,
-        podstart_rounds=1, podstart_burst=1, warmup_s=0.0, window_s=0.1, round_trips=1,
+        podstart_rounds=1, podstart_burst=1, warmup_s=0.0, window_s=0.1, round_trips=1, hostile_clients=2,
+        load_samples=2,
     )
     report = bench_run.Report()
     bench_run.run(tiny, report, None)
-    assert len(report.sections) == 5
+    assert len(report.sections) == 6
     text = report.markdown(bench_run.header(tiny, ["--quick"]))
     assert "cpus (nproc)" in text and "### Admission review latency by inventory size" in text
 
@@ -170,3 +179,15 @@ def test_pod_startup_report_gives_each_kind_against_the_no_claim_reference() -> 
     text = podstart_bench.render(singles, bursts)
     assert "| whole GPU " in text and "2.00x" in text and "4.00x" in text  # 200/100 and 400/100
     assert "| 10 pods, a 1Gi share each | 3000 " in text and "1.50x" in text
+
+
+def test_webhook_load_bench_measures_benign_reviews_with_and_without_hostile_ones() -> None:
+    result = webhook_load_bench.run(hostile_clients=2, samples=3, nodes=2)
+    assert [name for name, _ in result.rows] == [
+        "benign claim review, no load", "benign claim review, 2 hostile clients",
+        "/readyz on a new connection, no load", "/readyz on a new connection, 2 hostile clients"]
+    assert all(summary.n == 3 for _, summary in result.rows)
+    assert result.hostile_outcomes["(benign, no load): allowed"] == 3
+    assert result.hostile_outcomes["(benign, no load): /readyz HTTP 200"] == 3
+    assert sum(n for outcome, n in result.hostile_outcomes.items() if not outcome.startswith("(")) > 0
+    assert "Server: max_reviews=4" in webhook_load_bench.render(result)

@@ -96,7 +96,10 @@ def test_bind(engine: str, gpu) -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_string_extension(engine: str, gpu) -> None:
-    assert run(f'{A}.productName.split(" ")[1].lowerAscii() == "h100"', engine, gpu) is True
+    # (split(" ")[1].lowerAscii() would exceed the apiserver's cost limit: an element of split() has no
+    # known size)
+    assert run(f'{A}.productName.split(" ")[0] == "NVIDIA" && {A}.productName.lowerAscii().contains("h100")',
+               engine, gpu) is True
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -234,19 +237,19 @@ def test_device_view_errors_name_the_field(device: dict, path: str) -> None:
     assert info.value.path == path
 
 
-def test_default_falls_back_to_celpy_without_cel_expr_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    import structlog.testing
-
+def test_without_cel_expr_python_the_default_fails_instead_of_falling_back_to_celpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from driver.cel import selector
 
     monkeypatch.delenv(ENGINE_ENV_VAR, raising=False)
     monkeypatch.setattr(selector, "celexpr_available", lambda: False)
-    selector._fallback_warning.cache_clear()
-    with structlog.testing.capture_logs() as logs:
-        assert compile_selector('device.driver == "fallback"').engine == "celpy"
-    assert [entry["event"] for entry in logs] == ["cel_engine_fallback"]
-    # an explicit request is honoured (and fails loudly later if the package really is missing)
-    assert compile_selector('device.driver == "fallback"', engine="celexpr").engine == "celexpr"
+    with pytest.raises(selector.CelEngineMissing, match=f"set {ENGINE_ENV_VAR}=celpy"):
+        compile_selector('device.driver == "no-fallback"')
+    # chosen by name, either engine is used
+    assert compile_selector('device.driver == "no-fallback"', engine="celpy").engine == "celpy"
+    monkeypatch.setenv(ENGINE_ENV_VAR, "celpy")
+    assert compile_selector('device.driver == "no-fallback"').engine == "celpy"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

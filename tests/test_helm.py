@@ -368,6 +368,12 @@ def test_rendered_controller_args_parse_with_the_real_cli(tools):
     assert parsed.command == "controller"
 
 
+@pytest.mark.parametrize(("policy", "on_deadline"), [("Fail", "deny"), ("Ignore", "allow")])
+def test_reviews_cut_short_are_answered_as_the_failure_policy_answers_a_timeout(tools, policy, on_deadline):
+    args = container(one(render(tools, f"webhook.failurePolicy={policy}"), "Deployment"))["args"]
+    assert f"--on-deadline={on_deadline}" in args
+
+
 # --- RBAC ------------------------------------------------------------------------------------------
 
 # What each KubeAPI method needs from RBAC; the plugin's ClusterRole must grant exactly these plus

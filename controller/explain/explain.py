@@ -41,7 +41,7 @@ class ClusterView:
     def __post_init__(self) -> None:
         self.index = DeviceIndex.from_slices(self.slices)
         self.state = AllocatedState(self.index, self.slices, self.claims)
-        self.evaluator = Evaluator()
+        self.evaluator = Evaluator(budget_as_outcome=True)
         self.incomplete_nodes = {d.node for d in self.index.devices if d.pool in self.index.incomplete_pools}
 
     def find(self, kind: str, namespace: str, name: str) -> Obj | None:

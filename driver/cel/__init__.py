@@ -2,7 +2,8 @@
 
 Public API:
 - compile_selector(expression, *, engine=None) -> CompiledSelector (CelCompileError on rejection)
-- CompiledSelector.evaluate(device_view) -> bool (CelRuntimeError), .reads, .result_type
+- CompiledSelector.evaluate(device_view) -> bool (CelRuntimeError; CelBudgetExceeded when cel-cpp's fixed
+  iteration budget stops it: the outcome is unknown, not an error), .reads, .result_type
 - device_view(driver, device_dict, *, list_type_attributes=False) -> DeviceView
 - AttributeRead, CelCompileError, CelRuntimeError, DeviceViewError
 - driver.cel.quantity.Quantity, driver.cel.semver.Version
@@ -12,7 +13,7 @@ Fidelity: tests/cel/corpus.json, every case confirmed against Kubernetes' own CE
 
 from driver.cel.analysis import AttributeRead
 from driver.cel.device import DeviceView, device_view
-from driver.cel.errors import CelCompileError, CelRuntimeError, DeviceViewError
+from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError, DeviceViewError
 from driver.cel.selector import DEFAULT_ENGINE, ENGINE_ENV_VAR, ENGINES, CompiledSelector, compile_selector
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ENGINES",
     "ENGINE_ENV_VAR",
     "AttributeRead",
+    "CelBudgetExceeded",
     "CelCompileError",
     "CelRuntimeError",
     "CompiledSelector",

@@ -1,4 +1,5 @@
-"""Static analysis of a DRA selector: what it reads, whether each read is guarded, its type, its cost.
+"""Static analysis of a DRA selector: what it reads, whether each read is guarded, its type, its cost
+(the cost itself is computed by driver.cel.cost from the types found here).
 
 The webhook needs to know, before any device exists, which attributes and capacities a selector
 touches and whether a device lacking one would make the selector fail (a run-time error blocks
@@ -14,16 +15,14 @@ other conjuncts (and a negated presence test guards the other disjuncts of `||`)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal as TypingLiteral
 
+from driver.cel.cost import estimate as estimate_cost
 from driver.cel.signatures import (
     COMPARABLE,
-    EMPTY_LIST_COST,
     FUNCTIONS,
-    MACRO_COSTS,
     MACROS_1VAR,
     MACROS_2VAR,
     NOT_INDEXABLE,
@@ -157,6 +156,8 @@ class _Analyzer:
         self.message_equality_calls: set[int] = set()
         self.constant_membership_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
+        self.types: dict[int, str] = {}
+        self.elems: dict[int, str] = {}
 
     def column(self, offset: int) -> int:
         start = self.src.rfind("\n", 0, offset) + 1
@@ -167,21 +168,28 @@ class _Analyzer:
 
     # -- type inference with reads ---------------------------------------------------------------
 
-    def visit(self, n: Node, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
-        """Returns (type, estimated cost) and records reads and issues."""
+    def visit(self, n: Node, scope: _Scope, facts: frozenset[_Fact]) -> T:
+        """Returns the node's type and records reads, issues and the type (for driver.cel.cost)."""
+        t = self._visit(n, scope, facts)
+        self.types[id(n)] = "any" if t.domain == "attribute-value" else t.name
+        if t.name == "list":
+            self.elems[id(n)] = t.elem
+        return t
+
+    def _visit(self, n: Node, scope: _Scope, facts: frozenset[_Fact]) -> T:
         for c in children(n):
             self.parents[id(c)] = n
         if isinstance(n, Literal):
-            return self.literal_type(n), 0
+            return self.literal_type(n)
         if isinstance(n, Ident):
             if n.name in scope.vars:
-                return scope.vars[n.name], 1
+                return scope.vars[n.name]
             if n.name == "device":
-                return T("device"), 1
+                return T("device")
             if n.name in TYPE_NAMES:
-                return T("type", 1), 1
+                return T("type", 1)
             self.issue(n.offset, f"undeclared reference to '{n.name}'")
-            return DYN, 1
+            return DYN
         if isinstance(n, Select):
             return self.visit_select(n, scope, facts)
         if isinstance(n, Index):
@@ -192,7 +200,7 @@ class _Analyzer:
             return self.visit_map(n, scope, facts)
         if isinstance(n, StructLit):
             self.issue(n.offset, f"message literal '{n.type_name}' is not supported in device selectors")
-            return DYN, 1
+            return DYN
         assert isinstance(n, Call)
         return self.visit_call(n, scope, facts)
 
@@ -230,30 +238,28 @@ class _Analyzer:
                 return other.function
         return None
 
-    def visit_select(self, n: Select, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+    def visit_select(self, n: Select, scope: _Scope, facts: frozenset[_Fact]) -> T:
         if n.optional:
             self.optional_syntax = True
-        base, cost = self.visit(n.operand, scope, facts)
-        cost += 0 if n.test_only else 1
+        base = self.visit(n.operand, scope, facts)
         result = self.member_of(base, n.field, n, literal=True, facts=facts, guarded=n.test_only or n.optional)
         if n.test_only:
-            return BOOL, cost
+            return BOOL
         if n.optional:
-            return T("optional"), cost
-        return result, cost
+            return T("optional")
+        return result
 
-    def visit_index(self, n: Index, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+    def visit_index(self, n: Index, scope: _Scope, facts: frozenset[_Fact]) -> T:
         if n.optional:
             self.optional_syntax = True
-        base, cost = self.visit(n.operand, scope, facts)
-        key_t, key_cost = self.visit(n.index, scope, facts)
-        cost += key_cost + 1
+        base = self.visit(n.operand, scope, facts)
+        key_t = self.visit(n.index, scope, facts)
         if base.name in ("device", "attrs", "attrmap", "caps", "capmap") and key_t.name not in ("string", "dyn"):
             self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(map(string, ...), "
                                        f"{key_t.name})': keys of device maps are strings")
         if base.name in NOT_INDEXABLE:
             self.issue(n.offset, f"found no matching overload for '_[_]' applied to '({base.name}, {key_t.name})'")
-            return DYN, cost
+            return DYN
         if isinstance(n.index, Literal) and isinstance(n.index.value, str):
             result = self.member_of(base, n.index.value, n, literal=True, facts=facts, guarded=n.optional)
         else:
@@ -262,7 +268,7 @@ class _Analyzer:
             result = self.member_of(base, "*", n, literal=False, facts=facts, guarded=dynamic_guard)
             if base.name == "list" and key_t.name not in ("int", "uint", "dyn", "double"):
                 self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(list, {key_t.name})'")
-        return (T("optional") if n.optional else result), cost
+        return T("optional") if n.optional else result
 
     def member_of(self, base: T, name: str, node: Node, *, literal: bool, facts: frozenset[_Fact],
                   guarded: bool) -> T:
@@ -294,14 +300,12 @@ class _Analyzer:
             self.issue(offset, f"type '{base.name}' does not support field selection")
         return DYN
 
-    def visit_list(self, n: ListLit, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
-        cost: float = 10
+    def visit_list(self, n: ListLit, scope: _Scope, facts: frozenset[_Fact]) -> T:
         elem_types: set[str] = set()
         for i, e in enumerate(n.elements):
             if n.optional and n.optional[i]:
                 self.optional_syntax = True
-            t, c = self.visit(e, scope, facts)
-            cost += c
+            t = self.visit(e, scope, facts)
             elem_types.add("optional-elem" if (n.optional and n.optional[i]) else _literal_element_type(t))
         concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
         if len(concrete) > 1:
@@ -309,18 +313,16 @@ class _Analyzer:
                                  "list literals must be homogeneous")
         elem = concrete.pop() if len(concrete) == 1 and "dyn" not in elem_types else "dyn"
         elem = "dyn" if elem == "any" else elem
-        return T("list", len(n.elements), elem=elem), cost
+        return T("list", len(n.elements), elem=elem)
 
-    def visit_map(self, n: MapLit, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
-        cost: float = 30
+    def visit_map(self, n: MapLit, scope: _Scope, facts: frozenset[_Fact]) -> T:
         key_types: set[str] = set()
         value_types: set[str] = set()
         for e in n.entries:
             if e.optional:
                 self.optional_syntax = True
-            kt, kc = self.visit(e.key, scope, facts)
-            vt, vc = self.visit(e.value, scope, facts)
-            cost += kc + vc
+            kt = self.visit(e.key, scope, facts)
+            vt = self.visit(e.value, scope, facts)
             key_types.add(_literal_element_type(kt))
             value_types.add(_literal_element_type(vt))
         for kinds, what in ((key_types, "keys"), (value_types, "values")):
@@ -328,24 +330,23 @@ class _Analyzer:
             if len(concrete) > 1:
                 self.issue(n.offset, f"expected type '{concrete[0]}' but found '{concrete[1]}': map literal "
                                      f"{what} must be homogeneous")
-        return T("map", len(n.entries)), cost
+        return T("map", len(n.entries))
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def visit_call(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+    def visit_call(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> T:
         fn = n.function
         if fn in ("_&&_", "_||_"):
             return self.visit_logic(n, scope, facts)
         if fn == "_?_:_":
             cond, then, other = n.args
-            ct, cc = self.visit(cond, scope, facts)
+            ct = self.visit(cond, scope, facts)
             self.expect_bool(cond, ct, "_?_:_")
             pos, neg = _presence_facts(cond, scope)
-            tt, tc = self.visit(then, scope, facts | pos)
-            ot, oc = self.visit(other, scope, facts | neg)
+            tt = self.visit(then, scope, facts | pos)
+            ot = self.visit(other, scope, facts | neg)
             same = _type_of_device_shape(tt) == _type_of_device_shape(ot)
-            result = tt if same else DYN
-            return result, cc + max(tc, oc)
+            return tt if same else DYN
         if n.target is not None and isinstance(n.target, Ident) and n.target.name == "cel" and fn == "bind":
             return self.visit_bind(n, scope, facts)
         if n.target is not None and fn in (MACROS_1VAR | MACROS_2VAR) and n.args and isinstance(n.args[0], Ident):
@@ -356,15 +357,8 @@ class _Analyzer:
         if qualified is not None:
             n = Call(n.offset, qualified, n.args, None)
             fn = qualified
-        target_t: T | None = None
-        cost: float = 0
-        if n.target is not None:
-            target_t, cost = self.visit(n.target, scope, facts)
-        arg_types: list[T] = []
-        for a in n.args:
-            at, ac = self.visit(a, scope, facts)
-            arg_types.append(at)
-            cost += ac
+        target_t = self.visit(n.target, scope, facts) if n.target is not None else None
+        arg_types = [self.visit(a, scope, facts) for a in n.args]
         if fn in REGEX_FUNCTIONS:
             self.check_regex(n)
         if fn == "@in" and len(n.args) == 2:
@@ -373,7 +367,7 @@ class _Analyzer:
             if isinstance(container, ListLit) and all(isinstance(e, Literal) for e in container.elements) and (
                     _type_of_device_shape(arg_types[0]) in ("dyn", "semver")):
                 self.constant_membership_calls.add(n.offset)
-        return self.resolve(n, target_t, arg_types, cost)
+        return self.resolve(n, target_t, arg_types)
 
     def record_membership_test(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> None:
         """`"name" in device.attributes["d"]` reads the attribute's presence: a guarded read."""
@@ -392,28 +386,25 @@ class _Analyzer:
         if t.name not in ("bool", "dyn"):
             self.issue(node.offset, f"found no matching overload for '{fn}' applied to '({t.name})': expected bool")
 
-    def visit_logic(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+    def visit_logic(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> T:
         operands = list(_flatten(n, n.function))
         side = 0 if n.function == "_&&_" else 1
         provided = [_presence_facts(op, scope)[side] for op in operands]
-        cost: float = 0
         for i, op in enumerate(operands):
             others = frozenset().union(*(p for j, p in enumerate(provided) if j != i))
-            t, c = self.visit(op, scope, facts | others)
+            t = self.visit(op, scope, facts | others)
             self.expect_bool(op, t, n.function)
-            cost += c
-        return BOOL, cost  # cel-go charges nothing for the logical operators themselves
+        return BOOL
 
-    def visit_bind(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float]:
+    def visit_bind(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> T:
         self.uses_bind = True
         if len(n.args) != 3 or not isinstance(n.args[0], Ident):
             self.issue(n.offset, "cel.bind() takes an identifier, an initializer and an expression")
-            return DYN, 1
-        init_t, ic = self.visit(n.args[1], scope, facts)
-        body_t, bc = self.visit(n.args[2], scope.child(**{n.args[0].name: init_t}), facts)
-        return body_t, EMPTY_LIST_COST + ic + bc  # cel.bind is a comprehension over []
+            return DYN
+        init_t = self.visit(n.args[1], scope, facts)
+        return self.visit(n.args[2], scope.child(**{n.args[0].name: init_t}), facts)
 
-    def visit_macro(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> tuple[T, float] | None:
+    def visit_macro(self, n: Call, scope: _Scope, facts: frozenset[_Fact]) -> T | None:
         fn = n.function
         three_args = len(n.args) == 3 and isinstance(n.args[1], Ident)
         if fn in ("transformList", "transformMap", "transformMapEntry") or (
@@ -424,7 +415,7 @@ class _Analyzer:
         else:
             return None
         assert n.target is not None
-        range_t, rc = self.visit(n.target, scope, facts)
+        range_t = self.visit(n.target, scope, facts)
         if range_t.domain == "attribute-value":
             # attribute values are typed google.protobuf.Any while DRAListTypeAttributes is off
             self.issue(n.target.offset, "expression of type 'any' cannot be range of a comprehension (must be "
@@ -450,23 +441,15 @@ class _Analyzer:
         else:
             return None
         inner = scope.child(**bindings)
-        body_cost: float = 0
-        body_types: list[T] = []
-        for b in body_args:
-            bt, bcost = self.visit(b, inner, facts)
-            body_types.append(bt)
-            body_cost += bcost
-        # loop condition + loop step per iteration, plus the result, as cel-go's estimator counts
-        step, result_cost = MACRO_COSTS.get(fn, (3, 1))
-        cost = rc + size * (body_cost + step) + result_cost
+        body_types = [self.visit(b, inner, facts) for b in body_args]
         if fn in ("all", "exists", "exists_one", "existsOne"):
             self.expect_bool(body_args[0], body_types[0], fn)
-            return BOOL, cost
+            return BOOL
         if fn == "filter":
-            return T("list", size, elem=range_t.elem), cost
+            return T("list", size, elem=range_t.elem)
         if fn in ("map", "transformList"):
-            return T("list", size, elem=_type_of_device_shape(body_types[-1])), cost
-        return T("list" if fn == "sortBy" else "map", size), cost
+            return T("list", size, elem=_type_of_device_shape(body_types[-1]))
+        return T("list" if fn == "sortBy" else "map", size)
 
     @staticmethod
     def member_value_type(range_t: T) -> T:
@@ -485,20 +468,20 @@ class _Analyzer:
             if error:
                 self.issue(pattern_node.offset, error)
 
-    def resolve(self, n: Call, target_t: T | None, arg_types: list[T], cost: float) -> tuple[T, float]:
+    def resolve(self, n: Call, target_t: T | None, arg_types: list[T]) -> T:
         fn = n.function
         if fn.startswith(("_", "@", "!", "-")) and fn in OPERATOR_RESULT:
-            return self.resolve_operator(n, arg_types, cost)
+            return self.resolve_operator(n, arg_types)
         if fn == "_[_]":
-            return DYN, cost + 1
+            return DYN
         receiver = (_type_of_device_shape(target_t),) if target_t is not None else ()
         shapes = receiver + tuple(_type_of_device_shape(t) for t in arg_types)
         overloads = FUNCTIONS.get(fn)
         if overloads is None:
             if fn in UNCHECKED_FUNCTIONS or fn in MACROS_1VAR | MACROS_2VAR:
-                return DYN, cost + 1
+                return DYN
             self.issue(n.offset, f"undeclared reference to '{fn}'")
-            return DYN, cost + 1
+            return DYN
         member = target_t is not None
         style_match = [o for o in overloads if o[0] == member and len(o[1]) == len(shapes)]
         matching = [o for o in style_match if all(_compatible(a, e) for a, e in zip(shapes, o[1], strict=True))]
@@ -506,7 +489,7 @@ class _Analyzer:
             applied = ", ".join(shapes)
             where = f"'{applied}'" if not member else f"'{shapes[0]}.({', '.join(shapes[1:])})'"
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to {where}")
-            return DYN, cost + 1
+            return DYN
         if fn in ("indexOf", "lastIndexOf") and shapes[0] == "list":
             self.list_index_calls.add(n.offset)
         results = {o[2] for o in matching}
@@ -517,27 +500,9 @@ class _Analyzer:
             result = T("string", target_t.size)
         if fn == "lists.range" and isinstance(n.args[0], Literal) and isinstance(n.args[0].value, int):
             result = T("list", max(n.args[0].value, 0), elem="int")
-        return result, cost + self.call_cost(fn, target_t, arg_types)
+        return result
 
-    @staticmethod
-    def call_cost(fn: str, target_t: T | None, arg_types: list[T]) -> float:
-        receiver = target_t if target_t is not None else (arg_types[0] if arg_types else DYN)
-        size = min(receiver.size, _UNBOUNDED)
-        if fn in ("matches", "find", "findAll"):
-            pattern = arg_types[-1] if target_t is not None or fn != "matches" else arg_types[1]
-            if fn == "findAll" and len(arg_types) == 2:
-                pattern = arg_types[0]
-            return 1 + math.ceil(size * 0.1 * min(pattern.size, _UNBOUNDED) * 0.25)
-        if fn == "split":
-            return math.ceil(size * 0.2)
-        if fn in ("contains", "startsWith", "endsWith", "replace", "indexOf", "lastIndexOf", "lowerAscii",
-                  "upperAscii", "trim", "join"):
-            return 1 + math.ceil(size * 0.1)
-        if fn == "includes":
-            return MAX_LIST_ATTRIBUTE_VALUES
-        return 1
-
-    def resolve_operator(self, n: Call, arg_types: list[T], cost: float) -> tuple[T, float]:
+    def resolve_operator(self, n: Call, arg_types: list[T]) -> T:
         fn = n.function
         shapes = [_type_of_device_shape(t) for t in arg_types]
         known = [s for s in shapes if s != "dyn"]
@@ -549,8 +514,6 @@ class _Analyzer:
                 self.message_equality_calls.add(n.offset)
             elif shapes[0] == "dyn" and shapes[1] != "null":
                 self.dynamic_equality_calls.add(n.offset)
-            if not bad and all(s in ("string", "bytes", "dyn") for s in shapes) and set(shapes) != {"dyn"}:
-                return BOOL, cost + math.ceil(min(t.size for t in arg_types) * 0.1)
         elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
             bad = any(s not in COMPARABLE for s in known) or (
                 len(known) == 2 and known[0] != known[1] and not (known[0] in NUMERIC and known[1] in NUMERIC))
@@ -572,20 +535,17 @@ class _Analyzer:
             if not bad and element not in ("dyn", left) and left not in ("dyn", "any"):
                 # `in` has no cross-type overloads: 0 in ["a"] does not compile
                 self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
-                return DYN, cost + 1
+                return DYN
         if bad:
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({', '.join(shapes)})'")
-            return DYN, cost + 1
-        if fn == "@in" and shapes[1] in ("list", "dyn"):
-            # membership in a list is linear in its size (a dyn attribute may hold a list)
-            return BOOL, cost + min(arg_types[1].size, _UNBOUNDED)
+            return DYN
         result = OPERATOR_RESULT[fn]
         if result == "same":
             first = next((t for t in arg_types if t.name != "dyn"), DYN)
             if fn == "_+_" and first.name in ("string", "list"):
-                return T(first.name, sum(min(t.size, _UNBOUNDED) for t in arg_types), elem=first.elem), cost + 1
-            return T(_type_of_device_shape(first)), cost + 1
-        return T(result, 1), cost + 1
+                return T(first.name, sum(min(t.size, _UNBOUNDED) for t in arg_types), elem=first.elem)
+            return T(_type_of_device_shape(first))
+        return T(result, 1)
 
 
 def _qualified_name(n: Call) -> str | None:
@@ -678,11 +638,11 @@ def regex_error(pattern: str) -> str:
 
 def analyze(src: str, ast: Node) -> Analysis:
     a = _Analyzer(src)
-    result, cost = a.visit(ast, _Scope(), frozenset())
+    result = a.visit(ast, _Scope(), frozenset())
     result_name = _type_of_device_shape(result)
     if result_name not in ("bool", "dyn"):
         a.issue(ast.offset, f"must evaluate to bool or the unknown type, not {result_name}")
-    cost_int = int(min(cost, 1 << 62))
+    cost_int = estimate_cost(ast, a.types, a.elems)
     return Analysis(
         reads=tuple(a.reads),
         result_type=result_name,

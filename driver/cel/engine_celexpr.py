@@ -13,8 +13,12 @@ rewrite_for_celexpr), each rewrite found and checked against the Go oracle:
 - has() on a non-map value is false; `x in [literals]` fails on a Semver (cel-go hashes it);
 - list indexOf()/lastIndexOf(), whose names cel-cpp's strings extension owns;
 - two-variable comprehensions (driver.cel.rewrite).
-An evaluation that runs into cel-cpp's comprehension iteration budget (which Kubernetes does not
-have) is redone on the cel-python engine. Messages cannot carry Go's Quantity representation, so
+cel-cpp stops every evaluation after ITERATION_BUDGET comprehension iterations in total, a limit
+cel-expr-python fixes inside its C++ runtime and does not let Python raise. Kubernetes has no such
+limit, only a runtime cost limit (1,000,000 for DRA selectors) that the static estimate already
+bounds. An evaluation that hits the budget raises CelBudgetExceeded within milliseconds; it is never
+re-run on another engine (cel-python took seconds to minutes for such selectors, which let one
+claim occupy the webhook). Messages cannot carry Go's Quantity representation, so
 each evaluation remembers the Quantity objects it produced (see _seen) and add()/sub() results
 stay distinguishable.
 
@@ -38,7 +42,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from driver.cel import library
 from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
-from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.printer import unparse
 from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
@@ -444,14 +448,14 @@ def _compile_errors(err: Exception) -> list[tuple[int, int, str]]:
     return found or [(1, 0, str(err).strip())]
 
 
+# cel-cpp's RuntimeOptions.comprehension_max_iterations as cel-expr-python 0.1.3 sets it: an evaluation
+# may run 9,999 comprehension iterations in all (nested loops count each inner iteration)
+ITERATION_BUDGET = 10_000
+
+
 class CelExprProgram:
-    def __init__(self, expression: Any, fallback: Callable[[], Any]) -> None:
+    def __init__(self, expression: Any) -> None:
         self._expression = expression
-        # cel-cpp stops comprehensions after an internal iteration budget that Kubernetes does not
-        # have (it only limits the cost, which compile_selector already bounded); such evaluations
-        # are redone on the cel-python engine, compiled on first need
-        self._fallback = fallback
-        self._fallback_program: Any = None
 
     def evaluate(self, device: DeviceView) -> object:
         cached = device._cache.get("celexpr")
@@ -463,20 +467,12 @@ class CelExprProgram:
             result = self._expression.eval(cached.activation)
         except Exception as e:  # the binding raises for values it cannot convert, and on the budget
             if _ITERATION_BUDGET.search(str(e)):
-                return self._evaluate_without_budget(device, str(e))
+                raise CelBudgetExceeded(f"evaluating it takes {ITERATION_BUDGET:,} or more comprehension iterations, "
+                                        "cel-cpp's fixed budget per device") from None
             raise CelRuntimeError(str(e)) from e
         if result.type() == cel.Type.ERROR:
             raise CelRuntimeError(_runtime_message(str(result.value())))
         return _to_py(result.value())
-
-    def _evaluate_without_budget(self, device: DeviceView, message: str) -> object:
-        if self._fallback_program is None:
-            try:
-                self._fallback_program = self._fallback()
-            except CelCompileError:
-                raise CelRuntimeError(message) from None
-        log.debug("cel_iteration_budget_fallback", engine="celpy")
-        return self._fallback_program.evaluate(device)
 
 
 _ITERATION_BUDGET = re.compile(r"Iteration budget exceeded")
@@ -550,9 +546,4 @@ class CelExprEngine:
         except RuntimeError as e:
             _, _, message = _compile_errors(e)[0]
             raise CelCompileError(expression, 0, message) from None
-        def fallback() -> Any:
-            from driver.cel.engine_celpy import CelPyEngine
-
-            return CelPyEngine().compile(expression, ast, analysis)
-
-        return CelExprProgram(compiled, fallback)
+        return CelExprProgram(compiled)

@@ -1,4 +1,7 @@
-"""CEL engine on cel-python (`celpy`, pure Python): the fallback where cel-expr-python wheels are missing.
+"""CEL engine on cel-python (`celpy`, pure Python), used only when chosen (TESSERA_CEL_ENGINE=celpy or engine=).
+
+It has no iteration budget and runs about 1000x slower than cel-expr-python, so it is never a silent
+fallback (see driver.cel.selector.engine_name).
 
 celpy has no type checker (tessera's own analysis supplies the static checks), no optional
 syntax, no `cel.bind` and no strings extension. This adapter:

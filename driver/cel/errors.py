@@ -34,6 +34,19 @@ class CelRuntimeError(Exception):
         self.message = message
 
 
+class CelBudgetExceeded(Exception):
+    """cel-cpp stopped an evaluation at its fixed comprehension-iteration budget.
+
+    Kubernetes has no such budget (only the runtime cost limit, which compile_selector's cost
+    estimate already bounds), so the selector's outcome on this device is unknown to tessera, not an
+    error the scheduler would see. Nothing is re-run on a slower engine.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class DeviceViewError(ValueError):
     """A ResourceSlice device cannot be turned into CEL input; `path` names the offending field."""
 

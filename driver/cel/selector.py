@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import structlog
-
 from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, analyze
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
-from driver.cel.errors import CelCompileError, CelRuntimeError
-from driver.cel.syntax import CelSyntaxError, line_and_column, parse
-
-log = structlog.get_logger(__name__)
+from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
+from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
 # cel-expr-python agrees with Kubernetes on more of tests/cel/corpus.json (see tests/cel/README.md).
 DEFAULT_ENGINE = "celexpr"
 CACHE_SIZE = 512
+# Nesting tessera's recursive checker follows. Real selectors nest a handful of levels; the limits
+# keep a hostile one from reaching Python's recursion limit (a RecursionError, once an HTTP 500), and
+# the bracket limit sits below the depth at which the parser itself would run out of stack.
+MAX_BRACKET_DEPTH = 64
+MAX_TREE_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,15 @@ class CompiledSelector:
     _program: Program
 
     def evaluate(self, device: DeviceView) -> bool:
-        """True/False for this device; CelRuntimeError when the scheduler would get an error."""
+        """True/False for this device; CelRuntimeError when the scheduler would get an error;
+        CelBudgetExceeded when cel-cpp's iteration budget stopped it (the outcome is unknown)."""
         if device.error:
             raise CelRuntimeError(device.error)
-        result = self._program.evaluate(device)
+        try:
+            result = self._program.evaluate(device)
+        except CelBudgetExceeded as e:
+            raise CelBudgetExceeded(f"{e.message} (estimated cost {self.estimated_cost:,}; Kubernetes allows "
+                                    f"{MAX_COST:,} and has no iteration budget)") from None
         if not isinstance(result, bool):
             raise CelRuntimeError(f"CEL result of type {_cel_type_name(result)} could not be converted to bool")
         return result
@@ -56,8 +61,10 @@ def _cel_type_name(value: object) -> str:
 def engine_name(engine: str | None) -> str:
     """The engine to use: the parameter, else $TESSERA_CEL_ENGINE, else the default.
 
-    When nobody asked for an engine and cel-expr-python cannot be imported (it ships binary wheels
-    only), cel-python is used instead, with a warning.
+    cel-python is used only when asked for by name: it has no iteration budget and evaluates about
+    1000x slower, so falling back to it silently would let one selector hold a CPU for minutes.
+    Without cel-expr-python (it ships binary wheels only) and without a choice, compiling fails
+    with a message that says both ways out.
     """
     requested = engine or os.environ.get(ENGINE_ENV_VAR)
     name = requested or DEFAULT_ENGINE
@@ -65,19 +72,19 @@ def engine_name(engine: str | None) -> str:
         raise ValueError(f"unknown CEL engine {name!r} (from {'parameter' if engine else ENGINE_ENV_VAR}); "
                          f"use one of {', '.join(ENGINES)}")
     if not requested and name == "celexpr" and not celexpr_available():
-        _fallback_warning()
-        return "celpy"
+        raise CelEngineMissing(
+            f"the default CEL engine needs cel-expr-python, which is not installed (it has wheels for Linux and "
+            f"macOS on x86_64 and arm64); install it, or set {ENGINE_ENV_VAR}=celpy to choose the much slower "
+            "cel-python engine explicitly")
     return name
+
+
+class CelEngineMissing(RuntimeError):
+    """No engine was chosen and the default one is not installed."""
 
 
 def celexpr_available() -> bool:
     return importlib.util.find_spec("cel_expr_python") is not None
-
-
-@functools.cache
-def _fallback_warning() -> None:
-    log.warning("cel_engine_fallback", engine="celpy", reason="cel-expr-python is not installed",
-                hint=f"install cel-expr-python or set {ENGINE_ENV_VAR}=celpy to silence this")
 
 
 _engines: dict[str, Engine] = {}
@@ -148,23 +155,51 @@ def _compile(expression: str, engine: str) -> CompiledSelector:
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(expression, 0, f"expression is too long: {size} bytes, the limit is "
                                              f"{MAX_EXPRESSION_BYTES} bytes")
+    _check_brackets(expression)
     try:
         ast = parse(expression)
     except CelSyntaxError as e:
         line, column = line_and_column(expression, e.offset)
         raise CelCompileError(expression, column, f"syntax error: {e.message}", line=line) from None
+    depth = tree_depth(ast)
+    if depth > MAX_TREE_DEPTH:
+        raise CelCompileError(expression, 0, _too_deep(f"its syntax tree is {depth} levels deep", MAX_TREE_DEPTH))
     try:
         analysis = analyze(expression, ast)
+        if analysis.issues:
+            first = min(analysis.issues, key=lambda i: i.offset)
+            line, column = line_and_column(expression, first.offset)
+            raise CelCompileError(expression, column, first.message, line=line)
+        if analysis.estimated_cost > MAX_COST:
+            raise CelCompileError(expression, 0, f"too complex, exceeds cost limit: estimated cost "
+                                                 f"{analysis.estimated_cost} > {MAX_COST}; iterate over fewer or "
+                                                 f"smaller collections or avoid nested comprehensions")
+        program = _engine(engine).compile(expression, ast, analysis)
     except RecursionError:
-        raise CelCompileError(expression, 0, "expression nested too deeply") from None
-    if analysis.issues:
-        first = min(analysis.issues, key=lambda i: i.offset)
-        line, column = line_and_column(expression, first.offset)
-        raise CelCompileError(expression, column, first.message, line=line)
-    if analysis.estimated_cost > MAX_COST:
-        raise CelCompileError(expression, 0, f"too complex, exceeds cost limit: estimated cost "
-                                             f"{analysis.estimated_cost} > {MAX_COST}; iterate over fewer or "
-                                             f"smaller collections or avoid nested comprehensions")
-    program = _engine(engine).compile(expression, ast, analysis)
+        # the tree is within MAX_TREE_DEPTH, but the caller's own stack left too little room
+        raise CelCompileError(expression, 0, _too_deep(f"its syntax tree is {depth} levels deep",
+                                                       MAX_TREE_DEPTH)) from None
     return CompiledSelector(expression, engine, analysis.reads, analysis.result_type, analysis.estimated_cost,
                             program)
+
+
+def _too_deep(what: str, limit: int) -> str:
+    return f"expression nested too deeply: {what}, tessera checks at most {limit}; split it into several selectors"
+
+
+def _check_brackets(expression: str) -> None:
+    """Reject bracket nesting beyond MAX_BRACKET_DEPTH before the recursive parser sees it."""
+    try:
+        tokens = tokenize(expression)
+    except CelSyntaxError:
+        return  # the parser reports it, with its position
+    depth = deepest = 0
+    for token in tokens:
+        if token.kind == "op" and token.text in ("(", "[", "{", "[?"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.kind == "op" and token.text in (")", "]", "}"):
+            depth -= 1
+    if deepest > MAX_BRACKET_DEPTH:
+        raise CelCompileError(expression, 0, _too_deep(f"brackets nest {deepest} levels deep", MAX_BRACKET_DEPTH))
+

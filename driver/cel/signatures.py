@@ -1,8 +1,7 @@
 """The function signatures of the Kubernetes DRA CEL environment, for tessera's static checks.
 
 Overloads are (member?, argument types, result type) over simple type names ("dyn" is unknown,
-"*" in an argument list accepts anything). Costs follow cel-go's estimator where Kubernetes'
-tests pin them (see tests/test_cel_analysis.py).
+"*" in an argument list accepts anything). Costs are driver.cel.cost's.
 """
 
 from __future__ import annotations
@@ -114,12 +113,6 @@ REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})
 TYPE_NAMES = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
 NOT_INDEXABLE = frozenset({"string", "bytes", "int", "uint", "double", "bool", "null", "quantity", "semver", "type"})
 
-
-EMPTY_LIST_COST = 10
-# per-iteration overhead (loop condition + step) and result cost of each macro
-MACRO_COSTS = {"all": (3, 1), "exists": (4, 1), "exists_one": (2, 2), "existsOne": (2, 2), "map": (3, 1),
-                "filter": (3, 1), "transformList": (3, 1), "transformMap": (3, 1), "transformMapEntry": (3, 1),
-                "sortBy": (3, 1)}
 
 OPERATOR_RESULT = {
     "_==_": "bool", "_!=_": "bool", "_<_": "bool", "_<=_": "bool", "_>_": "bool", "_>=_": "bool", "@in": "bool",

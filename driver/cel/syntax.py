@@ -502,9 +502,25 @@ def parse(src: str) -> Node:
     (about 90 levels of parentheses with the default limit of 1000).
     """
     try:
-        return _expand_has(_Parser(src).parse())
+        tree = _Parser(src).parse()
     except RecursionError:
-        raise CelSyntaxError(0, "expression nested too deeply") from None
+        raise CelSyntaxError(0, "expression nested too deeply for the parser") from None
+    try:
+        return _expand_has(tree)
+    except RecursionError:
+        raise CelSyntaxError(0, f"expression nested too deeply: its syntax tree is {tree_depth(tree)} levels "
+                                "deep") from None
+
+
+def tree_depth(ast: Node) -> int:
+    """The depth of a syntax tree, walked without recursion."""
+    deepest = 0
+    stack = [(ast, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children(node))
+    return deepest
 
 
 def _expand_has(node: Node) -> Node:

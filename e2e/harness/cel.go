@@ -9,10 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apiserver/pkg/cel/environment"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 )
 
@@ -29,6 +31,11 @@ type celResult struct {
 	Result  *bool  `json:"result,omitempty"`
 	Error   string `json:"error,omitempty"`
 	Message string `json:"message,omitempty"`
+	// EstimatedCost is cel-go's worst-case estimate (CompilationResult.MaxCost), the number the
+	// apiserver compares with resourceapi.CELSelectorExpressionMaxCost; ActualCost is what the
+	// evaluation of this device really cost (the scheduler's runtime limit applies to it).
+	EstimatedCost *uint64 `json:"estimatedCost,omitempty"`
+	ActualCost    *uint64 `json:"actualCost,omitempty"`
 }
 
 type corpusDevice struct {
@@ -137,11 +144,21 @@ func runCEL(args []string) int {
 		}
 		cases = wrapped.Cases
 	}
-	cache := dracel.NewCache(len(cases)+1, dracel.Features{EnableConsumableCapacity: *consumable, EnableListTypeAttributes: *listTypes})
+	features := dracel.Features{EnableConsumableCapacity: *consumable, EnableListTypeAttributes: *listTypes}
+	cache := dracel.NewCache(len(cases)+1, features)
+	estimator := dracel.GetCompiler(features)
+	newExpressions := environment.NewExpressions
 	results := make([]celResult, 0, len(cases))
 	for _, c := range cases {
 		r := celResult{Name: c.Name}
 		compiled := cache.GetOrCompile(c.Expression)
+		// The scheduler's cache compiles without estimating; the apiserver's validation estimates
+		// with the environment for new expressions, as here.
+		estimate := estimator.CompileCELExpression(c.Expression, dracel.Options{EnvType: &newExpressions})
+		if estimate.Error == nil && estimate.MaxCost != math.MaxUint64 {
+			estimated := estimate.MaxCost
+			r.EstimatedCost = &estimated
+		}
 		if compiled.Error != nil {
 			r.Error, r.Message = "compile", compiled.Error.Error()
 			results = append(results, r)
@@ -152,7 +169,11 @@ func runCEL(args []string) int {
 			fmt.Fprintf(os.Stderr, "cel: case %q: device: %v\n", c.Name, err)
 			return 2
 		}
-		ok, _, err := compiled.DeviceMatches(context.Background(), dev)
+		ok, details, err := compiled.DeviceMatches(context.Background(), dev)
+		if details != nil && details.ActualCost() != nil {
+			actual := *details.ActualCost()
+			r.ActualCost = &actual
+		}
 		if err != nil {
 			r.Error, r.Message = "runtime", err.Error()
 		} else {

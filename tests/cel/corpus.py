@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from driver.cel import CelCompileError, CelRuntimeError, compile_selector, device_view
+from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus.json"
@@ -43,13 +43,19 @@ def slice_device(device: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
-    """(True | False | {"error": "compile"|"runtime"}, message)."""
+    """(True | False | {"error": "compile"|"runtime"|"budget"|"cost"}, message). "budget": cel-cpp's
+    iteration budget stopped the evaluation (outcome unknown); "cost": over the apiserver's cost limit,
+    so Kubernetes rejects it at admission although its scheduler (the oracle here) would run it."""
     try:
         selector = compile_selector(case["expression"], engine=engine)
     except CelCompileError as e:
+        if e.message.startswith("too complex, exceeds cost limit"):
+            return {"error": "cost"}, e.message  # the apiserver's estimate; the scheduler never estimates
         return {"error": "compile"}, e.message
     view = device_view(case["device"]["driver"], slice_device(case["device"]))
     try:
         return selector.evaluate(view), ""
     except CelRuntimeError as e:
         return {"error": "runtime"}, e.message
+    except CelBudgetExceeded as e:
+        return {"error": "budget"}, e.message
