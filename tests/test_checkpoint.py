@@ -33,7 +33,8 @@ def full_entry(uid: str = UID) -> ClaimEntry:
         state=ClaimState.PREPARE_COMPLETED,
         devices=(PreparedDevice(("gpu",), "node-a", "gpu-0", (f"gpu.tessera.dev/claim={uid}-gpu-0",), "3f2c8a9e"),),
         gpu_uses=(GpuUse("GPU-0", "share"),),
-        cdi_spec={"cdiVersion": "0.5.0", "kind": "gpu.tessera.dev/claim", "devices": []},
+        allocation={"devices": {"results": [None, {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
+                                                   "device": "gpu-0", "shareID": "3f2c8a9e"}], "config": []}},
         mps=MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),
         migs=(CreatedMig("GPU-1", 1, 1, "1g.10gb", 3, 1, 2, 0, "MIG-x"),),
     )
