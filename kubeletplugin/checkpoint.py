@@ -3,8 +3,8 @@
 One JSON file, `<state dir>/checkpoint.json`, mode 0600:
 `{"version": 1, "checksum": "sha256:<hex>", "claims": {<uid>: {...}}}` where the checksum covers
 the canonical JSON of `claims`. It is always replaced atomically. A file that fails to parse, fails
-its checksum, has a version this build does not know, or is not owned by this process's user or
-is writable by others is moved aside
+its checksum, has a version this build does not know, nests deeper than MAX_DEPTH, or is not owned
+by this process's user or is writable by others is moved aside
 (`checkpoint.json.corrupt-<timestamp>`) and tessera starts empty: a loud error beats a crash loop,
 and kubelet re-prepares what it still needs.
 
@@ -48,6 +48,8 @@ CHECKPOINT_VERSION = 1
 # unchanged: well above any file system's timestamp granularity
 _RACY_NS = 1_000_000_000
 FILE_NAME = "checkpoint.json"
+# tessera's own entries nest about ten levels (an allocation's opaque config included)
+MAX_DEPTH = 64
 
 
 class ClaimState(StrEnum):
@@ -120,6 +122,20 @@ def _object_or_none(value: Any, what: str) -> dict[str, Any] | None:
     raise TypeError(f"{what} must be an object, got {type(value).__name__}")
 
 
+def _depth_over(doc: Any, limit: int) -> bool:
+    """Whether `doc` nests deeper than `limit` containers (iterative: a deep document must not recurse here)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def _canonical(claims: dict[str, Any]) -> bytes:
     return json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
 
@@ -139,8 +155,13 @@ def decode(data: bytes) -> dict[str, ClaimEntry]:
         doc = json.loads(data)
     except ValueError as exc:
         raise CheckpointError(f"not valid JSON (truncated?): {exc}") from None
+    except RecursionError:
+        raise CheckpointError("nested too deeply to parse") from None
     if not isinstance(doc, dict):
         raise CheckpointError("not a JSON object")
+    # what the entries are later compared, copied and re-encoded with recurses too
+    if _depth_over(doc, MAX_DEPTH):
+        raise CheckpointError(f"nested deeper than {MAX_DEPTH} levels, far more than any checkpoint tessera writes")
     version = doc.get("version")
     if version != CHECKPOINT_VERSION:
         raise CheckpointError(f"version {version!r}, this build reads version {CHECKPOINT_VERSION}")

@@ -21,12 +21,13 @@ claim again; completed claims get their CDI specs and MPS daemons back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,12 @@ class _Progress:
     resumed: bool = False  # a PrepareStarted entry of an earlier attempt was found
 
 
+@dataclass
+class _LockSlot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0  # threads holding or waiting for the lock; guarded by DeviceState._locks_guard
+
+
 def _use_kind(device: AllocatedDevice) -> str:
     if device.target.is_mig:
         return "mig"
@@ -152,7 +159,7 @@ class DeviceState:
         # a simulated node has no /dev/nvidia* for the runtime to copy, so its specs carry the numbers
         self.device_numbers = SIMULATED_DEVICE_NUMBERS if inventory.source.startswith("simulated") else None
         self.store = CheckpointStore(state_dir)
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, _LockSlot] = {}
         self._locks_guard = threading.Lock()
         # temp files older than this agent were left by a killed one (a write of its own is younger)
         self._started = time.time()
@@ -161,9 +168,23 @@ class DeviceState:
         require_private_dir(state_dir, "--state-dir")
         require_private_dir(cdi_dir, "--cdi-dir")
 
-    def _claim_lock(self, uid: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _claim_lock(self, uid: str) -> Iterator[None]:
+        """Hold the claim's lock. A claim's lock lives only while someone holds or waits for it, so the
+        table stays as small as the number of claims in flight (kubelet may name any number of UIDs)."""
         with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
+            slot = self._locks.get(uid)
+            if slot is None:
+                slot = self._locks[uid] = _LockSlot()
+            slot.users += 1
+        try:
+            with slot.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                slot.users -= 1
+                if slot.users == 0:
+                    del self._locks[uid]
 
     # --- prepare ----------------------------------------------------------------------------
 
