@@ -11,6 +11,7 @@ case here does.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -86,6 +87,15 @@ def _set(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 _MISSING = object()
+
+
+def _get(raw: dict[str, Any], path: list[str]) -> Any:
+    target: Any = raw
+    for key in path:
+        if not isinstance(target, dict) or key not in target:
+            return _MISSING
+        target = target[key]
+    return target
 _NOT_OBJECTS = [[], "x", 3, True]
 # (field, the strategy its context needs, wrong values, words the message must contain one of)
 WRONG: list[tuple[tuple[str, ...], Any, list[Any], tuple[str, ...]]] = [
@@ -149,6 +159,9 @@ def test_one_wrong_field_is_named_by_the_error(case: tuple[dict[str, Any], str, 
     except ConfigError as exc:
         assert exc.field_path == field_path, f"{raw}: error names {exc.field_path}, the wrong field is {field_path}"
         assert any(w in exc.message for w in words), exc.message
+        value = _get(raw, field_path.removeprefix(PATH + ".").split("."))
+        if value is not _MISSING and "only applies" not in exc.message:  # the error quotes what was written
+            assert f"got {json.dumps(value)}" in exc.message, exc.message
     else:
         raise AssertionError(f"{raw}: {field_path} is wrong but the config was accepted")
 
@@ -181,3 +194,60 @@ def test_one_unknown_key_is_named_with_a_suggestion(case: tuple[dict[str, Any], 
             assert f"did you mean {hint!r}?" in exc.message, exc.message
     else:
         raise AssertionError(f"{raw}: unknown key {field_path} was accepted")
+
+
+def _merge_oracle(a: GpuConfig, b: GpuConfig) -> GpuConfig:
+    """GpuConfig.merged_with as documented: b wins per field; switching strategy drops the other one's settings."""
+    x, y = a.sharing, b.sharing
+    switched = y.strategy is not None and y.strategy != x.strategy
+    mps = None if switched and y.strategy != Strategy.MPS else x.mps
+    ts = None if switched and y.strategy != Strategy.TIME_SLICING else x.time_slicing
+    if y.mps is not None:
+        mps = MpsSettings(y.mps.active_thread_percentage if y.mps.active_thread_percentage is not None
+                          else mps.active_thread_percentage if mps else None)  # fmt: skip
+    if y.time_slicing is not None:
+        ts = TimeSlicingSettings(y.time_slicing.interval if y.time_slicing.interval is not None
+                                 else ts.interval if ts else None)  # fmt: skip
+    def pick(later: Any, earlier: Any) -> Any:
+        return later if later is not None else earlier
+
+    return GpuConfig(SharingConfig(pick(y.strategy, x.strategy), mps, ts, pick(y.total_memory, x.total_memory),
+                                   pick(y.same_nvlink_island, x.same_nvlink_island)))  # fmt: skip
+
+
+@FUZZ
+@given(first=valid_configs(), later=valid_configs())
+def test_class_then_claim_configs_merge_field_by_field(
+    first: tuple[dict[str, Any], GpuConfig], later: tuple[dict[str, Any], GpuConfig]
+) -> None:
+    a, b = first[1], later[1]
+    assert a.merged_with(b) == _merge_oracle(a, b)
+    assert a.merged_with(GpuConfig()) == a
+
+
+_SHAPES = [
+    {},
+    {"strategy": "MPS"},
+    {"mps": {}},
+    {"mps": {"activeThreadPercentage": 50}},
+    {"strategy": "MPS", "mps": {"activeThreadPercentage": 30}},
+    {"strategy": "MPS", "mps": {}},
+    {"timeSlicing": {}},
+    {"timeSlicing": {"interval": "Long"}},
+    {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}},
+    {"strategy": "TimeSlicing", "timeSlicing": {}},
+    {"strategy": "Exclusive", "totalMemory": "8Gi", "sameNVLinkIsland": False},
+    {"totalMemory": "16Gi", "sameNVLinkIsland": True},
+]
+
+
+def test_every_pair_of_config_shapes_merges_as_documented() -> None:
+    """All pairs of the shapes that matter (a setting kept, overridden, or dropped by a strategy switch)."""
+    configs = [decode_gpu_config({"apiVersion": API_VERSION, "kind": KIND, "sharing": s}, PATH) for s in _SHAPES]
+    for a in configs:
+        for b in configs:
+            assert a.merged_with(b) == _merge_oracle(a, b), (a, b)
+    # the cases spelled out: a claim's empty settings keep the class's values of the same strategy
+    assert configs[3].merged_with(configs[2]).sharing.mps == MpsSettings(50)
+    assert configs[7].merged_with(configs[6]).sharing.time_slicing == TimeSlicingSettings("Long")
+    assert configs[7].merged_with(configs[1]).sharing.time_slicing is None  # switched to MPS: dropped
