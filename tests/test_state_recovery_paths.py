@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 from kubeletplugin.checkpoint import FILE_NAME
 from kubeletplugin.state import DeviceState
@@ -18,6 +18,38 @@ from tests.test_allocation import gpu_config, inventory, result, share
 from tests.test_state import UID, UID2, Crash, crash_at, env_of, fake_mps, make_state, prepare, ref, spec_of
 
 MIG = "h100-16-mig"
+
+
+class Recorder:
+    """Stands in for a module's structlog logger: records events with their bound and given fields.
+
+    (structlog.testing.capture_logs misses loggers cached before it, which other tests' log setup causes.)
+    """
+
+    def __init__(self, events: list[dict[str, Any]] | None = None, **context: Any) -> None:
+        self.events = [] if events is None else events
+        self.context = context
+
+    def bind(self, **kw: Any) -> Recorder:
+        return Recorder(self.events, **{**self.context, **kw})
+
+    def _record(self, level: str, event: str, **kw: Any) -> None:
+        self.events.append({"event": event, "log_level": level, **self.context, **kw})
+
+    def debug(self, event: str, **kw: Any) -> None:
+        self._record("debug", event, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._record("info", event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._record("warning", event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._record("error", event, **kw)
+
+    def exception(self, event: str, **kw: Any) -> None:
+        self._record("error", event, **kw)
 
 
 def test_restore_recreates_every_vanished_instance_not_only_up_to_a_live_one(tmp_path: Path) -> None:
@@ -114,12 +146,18 @@ def test_a_retried_prepare_reuses_only_an_unowned_instance_at_its_own_placement(
     assert retry.prepared_claims()[UID2].migs == (owned,)
 
 
-def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(tmp_path: Path) -> None:
+def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kubeletplugin.checkpoint
+
     state = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")]).error
     (state.state_dir / FILE_NAME).write_text("{garbage")
-    with capture_logs() as logs:
-        assert make_state(tmp_path).prepared_claims() == {}
+    recorder = Recorder()
+    monkeypatch.setattr(kubeletplugin.checkpoint, "log", recorder)
+    assert make_state(tmp_path).prepared_claims() == {}
+    logs = recorder.events
     (aside,) = state.state_dir.glob(f"{FILE_NAME}.corrupt-*")
     assert re.fullmatch(r"checkpoint\.json\.corrupt-\d{8}T\d{6}\.\d{6}Z", aside.name), aside.name
     (event,) = [e for e in logs if e["event"].startswith("checkpoint unusable")]
@@ -130,16 +168,19 @@ def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(tmp_path: Path
     assert event["log_level"] == "error"
 
 
-def test_logs_name_the_claim_and_the_orphan(tmp_path: Path) -> None:
+def test_logs_name_the_claim_and_the_orphan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubeletplugin.state
+
     state: DeviceState = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")]).error
-    with capture_logs() as logs:
-        assert state.unprepare(ref()) == ""
-        (state.cdi_dir / f"gpu.tessera.dev-claim_{UID2}.json").write_text("{}")
-        assert state.unprepare(ref(UID2, "stray")) == ""
-        (state.state_dir / "mps" / "not a uid").mkdir(parents=True)
-        state.recover()
-    events = {e["event"]: e for e in logs}
+    recorder = Recorder()
+    monkeypatch.setattr(kubeletplugin.state, "log", recorder)
+    assert state.unprepare(ref()) == ""
+    (state.cdi_dir / f"gpu.tessera.dev-claim_{UID2}.json").write_text("{}")
+    assert state.unprepare(ref(UID2, "stray")) == ""
+    (state.state_dir / "mps" / "not a uid").mkdir(parents=True)
+    state.recover()
+    events = {e["event"]: e for e in recorder.events}
     assert events["claim unprepared"]["claim_uid"] == UID
     assert events["claim unprepared"]["claim"] == "team-a/claim"
     stray = events["removed a CDI spec of a claim not in the checkpoint"]
