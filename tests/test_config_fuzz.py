@@ -251,3 +251,12 @@ def test_every_pair_of_config_shapes_merges_as_documented() -> None:
     assert configs[3].merged_with(configs[2]).sharing.mps == MpsSettings(50)
     assert configs[7].merged_with(configs[6]).sharing.time_slicing == TimeSlicingSettings("Long")
     assert configs[7].merged_with(configs[1]).sharing.time_slicing is None  # switched to MPS: dropped
+
+
+def test_time_slicing_without_an_interval_resolves_to_the_default_interval() -> None:
+    from driver.config import resolve_sharing
+
+    for sharing in ({"strategy": "TimeSlicing", "timeSlicing": {}}, {"strategy": "TimeSlicing"}, {"timeSlicing": {}}):
+        config = decode_gpu_config({"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}, PATH)
+        got = resolve_sharing(config, memory_share=False, mig=False, where="here")
+        assert (got.strategy, got.time_slice_interval) == (Strategy.TIME_SLICING, "Default"), sharing
