@@ -256,7 +256,7 @@ def test_every_pair_of_config_shapes_merges_as_documented() -> None:
 def test_time_slicing_without_an_interval_resolves_to_the_default_interval() -> None:
     from driver.config import resolve_sharing
 
-    for sharing in ({"strategy": "TimeSlicing", "timeSlicing": {}}, {"strategy": "TimeSlicing"}, {"timeSlicing": {}}):
+    for sharing in ({"strategy": "TimeSlicing", "timeSlicing": {}}, {"strategy": "TimeSlicing"}):
         config = decode_gpu_config({"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}, PATH)
         got = resolve_sharing(config, memory_share=False, mig=False, where="here")
         assert (got.strategy, got.time_slice_interval) == (Strategy.TIME_SLICING, "Default"), sharing
