@@ -15,7 +15,7 @@ export GOTOOLCHAIN := local
 export GOWORK := off
 export GOFLAGS := -mod=readonly
 
-.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench soak clean
+.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench soak mutation clean
 
 all: test
 
@@ -67,5 +67,14 @@ bench: $(STAMP) harness node
 soak: $(STAMP) harness
 	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak
 
+# Mutation testing (mutmut, configured in pyproject's [tool.mutmut]) of kubeletplugin/state.py,
+# kubeletplugin/checkpoint.py, driver/config.py and controller/multicard.py against their own tests.
+# Slow (most of an hour on 2 cores), so not part of `make test`; docs/reliability.md has the score.
+MUTMUT_CHILDREN ?= 2
+mutation: $(STAMP)
+	$(PY) -m pip install --quiet 'mutmut==3.8.1'
+	$(VENV)/bin/mutmut run --max-children $(MUTMUT_CHILDREN)
+	$(VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache mutants

@@ -27,8 +27,8 @@ from driver.names import mig_profile_token
 
 DRIVER_NAME = "gpu.tessera.dev"
 
-_GPU_NAME = re.compile(r"^gpu-(\d+)$")
-_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([0-9a-z]+)-(\d+)$")
+_GPU_NAME = re.compile(r"^gpu-(\d+)\Z")
+_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([0-9a-z]+)-(\d+)\Z")
 _RESULTS = "status.allocation.devices.results"
 _CONFIGS = "status.allocation.devices.config"
 

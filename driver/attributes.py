@@ -92,7 +92,7 @@ class AttributeValueError(ValueError):
         self.message = message
 
 
-_VERSIONISH = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?((?:\.\d+)*)$")
+_VERSIONISH = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?((?:\.\d+)*)\Z")
 
 
 def to_semver(raw: str, field_path: str) -> str:

@@ -31,8 +31,8 @@ SPEC_SUFFIX = ".json"
 CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 # Claim uids name files; anything but a plain token could climb out of the CDI directory.
-_CLAIM_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_CLAIM_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?\Z")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 # /proc/driver/nvidia-caps/mig-minors numbers every possible MIG capability in a fixed grid: per GPU
 # minor 15 GPU instances, per GPU instance one access file followed by 8 compute instances.

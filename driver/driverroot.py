@@ -62,7 +62,7 @@ LIBRARY_DIRS = (
 BINARY_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 
-_VERSION_SUFFIX = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+_VERSION_SUFFIX = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)\Z")
 
 
 class DriverRootError(ValueError):

@@ -85,8 +85,8 @@ _MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
 _DEFAULT_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS before Blackwell; used if the module lacks the constant
 _DEFAULT_GI_PROFILE_COUNT = 0x12
 
-_BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-_PCI_ROOT_DIR = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+_BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z")
+_PCI_ROOT_DIR = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}\Z")
 
 
 def load_nvml_inventory(node_name: str, *, nvml_module: Any = None, sysfs_root: Path | str = "/sys") -> Inventory:

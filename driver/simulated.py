@@ -55,18 +55,18 @@ from typing import Any, TypeVar
 
 import yaml
 
-from driver import mig
+from driver import mig, safeyaml
 from driver.discovery import DiscoveryError, assign_nvlink_islands
 from driver.model import Gpu, Inventory, MigInstance
 
 # Fixed namespace so that simulated UUIDs are reproducible everywhere.
 _UUID_NAMESPACE = uuid.UUID("5d1f3c2e-8a4b-4e6f-9c0d-7b2a1e3f4c5d")
 
-_BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-_MAJOR_MINOR = re.compile(r"^\d+\.\d+$")
-_DRIVER_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}\Z")
+_MAJOR_MINOR = re.compile(r"^\d+\.\d+\Z")
+_DRIVER_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\Z")
 _QUANTITY_FACTORS = {
     None: 1,
     "Ki": 1 << 10,
@@ -321,7 +321,9 @@ def _as_quantity(value: object) -> int | None:
 def parse_profile(text: str, *, source: str, name: str) -> Profile:
     """Parse and validate profile YAML; `source` names the file in error messages."""
     try:
-        raw = yaml.safe_load(text)
+        raw = safeyaml.load(text)
+    except safeyaml.YamlLimitError as exc:
+        raise DiscoveryError(f"refused: {exc}", source=source) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -3,9 +3,17 @@
 One JSON file, `<state dir>/checkpoint.json`, mode 0600:
 `{"version": 1, "checksum": "sha256:<hex>", "claims": {<uid>: {...}}}` where the checksum covers
 the canonical JSON of `claims`. It is always replaced atomically. A file that fails to parse, fails
-its checksum or has a version this build does not know is moved aside
+its checksum, has a version this build does not know, nests deeper than MAX_DEPTH, or is not owned
+by this process's user or is writable by others is moved aside
 (`checkpoint.json.corrupt-<timestamp>`) and tessera starts empty: a loud error beats a crash loop,
 and kubelet re-prepares what it still needs.
+
+The checksum catches damage (truncation, bit rot), not forgery: anyone who can write the file can
+recompute it, and a key kept next to the file would be exactly as writable as the file. What keeps
+a forged checkpoint out is the state directory's ownership and mode (see kubeletplugin.fsguard) and
+the file's own owner and mode, checked on every read. And what a checkpoint can make tessera do is
+bounded: it records each claim's allocation, never a CDI spec, and recovery rebuilds specs from the
+allocation with the same code prepare uses, so a container can only get what tessera itself makes.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +48,8 @@ CHECKPOINT_VERSION = 1
 # unchanged: well above any file system's timestamp granularity
 _RACY_NS = 1_000_000_000
 FILE_NAME = "checkpoint.json"
+# tessera's own entries nest about ten levels (an allocation's opaque config included)
+MAX_DEPTH = 64
 
 
 class ClaimState(StrEnum):
@@ -63,7 +74,9 @@ class ClaimEntry:
     state: ClaimState
     devices: tuple[PreparedDevice, ...] = ()
     gpu_uses: tuple[GpuUse, ...] = ()
-    cdi_spec: dict[str, Any] | None = None  # the spec as written, to restore it after a reboot wiped /var/run/cdi
+    # this node's part of the claim's status.allocation (other drivers' results and configs nulled, so
+    # result indices stay): recovery rebuilds the CDI spec from it after a reboot wiped /var/run/cdi
+    allocation: dict[str, Any] | None = None
     mps: MpsDaemon | None = None
     migs: tuple[CreatedMig, ...] = field(default=())
     time_slices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) set for this claim
@@ -76,7 +89,7 @@ class ClaimEntry:
             "state": self.state.value,
             "devices": [d.to_dict() for d in self.devices],
             "gpuUses": [{"gpuUUID": u.gpu_uuid, "kind": u.kind} for u in self.gpu_uses],
-            "cdiSpec": self.cdi_spec,
+            "allocation": self.allocation,
             "mps": self.mps.to_dict() if self.mps else None,
             "migs": [m.to_dict() for m in self.migs],
             "timeSlices": [{"gpuUUID": u, "interval": i} for u, i in self.time_slices],
@@ -91,7 +104,8 @@ class ClaimEntry:
             state=ClaimState(data["state"]),
             devices=tuple(PreparedDevice.from_dict(d) for d in data.get("devices", [])),
             gpu_uses=tuple(GpuUse(str(u["gpuUUID"]), str(u["kind"])) for u in data.get("gpuUses", [])),
-            cdi_spec=data.get("cdiSpec"),
+            # an older build's "cdiSpec" is ignored on purpose: a stored spec is never written back
+            allocation=_object_or_none(data.get("allocation"), "allocation"),
             mps=MpsDaemon.from_dict(data["mps"]) if data.get("mps") else None,
             migs=tuple(CreatedMig.from_dict(m) for m in data.get("migs", [])),
             time_slices=tuple((str(t["gpuUUID"]), str(t["interval"])) for t in data.get("timeSlices", [])),
@@ -100,6 +114,26 @@ class ClaimEntry:
 
 class CheckpointError(ValueError):
     """The checkpoint file cannot be trusted."""
+
+
+def _object_or_none(value: Any, what: str) -> dict[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    raise TypeError(f"{what} must be an object, got {type(value).__name__}")
+
+
+def _depth_over(doc: Any, limit: int) -> bool:
+    """Whether `doc` nests deeper than `limit` containers (iterative: a deep document must not recurse here)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def _canonical(claims: dict[str, Any]) -> bytes:
@@ -121,8 +155,13 @@ def decode(data: bytes) -> dict[str, ClaimEntry]:
         doc = json.loads(data)
     except ValueError as exc:
         raise CheckpointError(f"not valid JSON (truncated?): {exc}") from None
+    except RecursionError:
+        raise CheckpointError("nested too deeply to parse") from None
     if not isinstance(doc, dict):
         raise CheckpointError("not a JSON object")
+    # what the entries are later compared, copied and re-encoded with recurses too
+    if _depth_over(doc, MAX_DEPTH):
+        raise CheckpointError(f"nested deeper than {MAX_DEPTH} levels, far more than any checkpoint tessera writes")
     version = doc.get("version")
     if version != CHECKPOINT_VERSION:
         raise CheckpointError(f"version {version!r}, this build reads version {CHECKPOINT_VERSION}")
@@ -136,6 +175,15 @@ def decode(data: bytes) -> dict[str, ClaimEntry]:
         return {uid: ClaimEntry.from_dict(entry) for uid, entry in claims.items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"malformed claim entry: {exc!r}") from None
+
+
+def _untrusted(st: os.stat_result) -> str:
+    """Why a checkpoint with this owner and mode cannot be trusted, or "" when it can."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this agent's uid {os.geteuid()}: someone else wrote it"
+    if st.st_mode & 0o022:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets others rewrite it"
+    return ""
 
 
 class CheckpointStore:
@@ -212,6 +260,11 @@ class CheckpointStore:
         with f:
             # fstat of the open file: the identity and the bytes read below belong to the same inode
             st = os.fstat(f.fileno())
+            untrusted = _untrusted(st)
+            if untrusted:
+                self._forget()
+                self._move_aside(untrusted)
+                return {}
             key = self._identity(st)
             settled = st.st_mtime_ns < self._cache_at - _RACY_NS
             if self._cache is not None and key == self._cache_key and settled:
@@ -224,17 +277,20 @@ class CheckpointStore:
         try:
             entries = decode(data)
         except CheckpointError as exc:
-            aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
-            self.path.rename(aside)
-            log.error(
-                "checkpoint unusable; moved aside and starting with no prepared claims",
-                path=str(self.path),
-                moved_to=str(aside),
-                reason=str(exc),
-            )
+            self._move_aside(str(exc))
             return {}
         self._remember(entries, data, key)
         return entries
+
+    def _move_aside(self, reason: str) -> None:
+        aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
+        self.path.rename(aside)
+        log.error(
+            "checkpoint unusable; moved aside and starting with no prepared claims",
+            path=str(self.path),
+            moved_to=str(aside),
+            reason=reason,
+        )
 
     def load(self) -> dict[str, ClaimEntry]:
         with self._locked():

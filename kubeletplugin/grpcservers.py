@@ -2,15 +2,21 @@
 
 Kubelet finds a DRA driver through a registration socket under `<kubelet-dir>/plugins_registry` and
 then talks to the service socket the driver names in GetInfo. Both are plain unix sockets with no
-authentication: whoever can connect can ask the plugin to hand GPUs to containers. So the socket
-files are 0660 (owner and group may connect, nobody else) and the directories tessera creates are
-0750. Between bind and chmod the socket carries the process umask (0755 with the usual 022), which
-already denies others the write permission that connect() needs.
+authentication: whoever can connect can ask the plugin to hand GPUs to containers (an unprepare
+needs only a claim UID, which the world-readable CDI directory lists). So the socket files are 0660
+(owner and group may connect, nobody else) and the directories tessera creates are 0750.
+
+A socket bound in place would carry the process umask until the chmod (0777 under umask 000, which
+some runtimes hand a container), and others could connect in that gap. So each socket is bound in
+a fresh private directory (0700, next to its final path), chmod'ed there while nobody else can reach
+it, and only then renamed into place: it appears with its final mode. The process umask is not
+touched: it is process-wide, and the plugin's other threads write files meanwhile.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -29,6 +35,10 @@ SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 # sun_path is 108 bytes including the terminating NUL.
 UNIX_PATH_MAX = 107
+# the private directory a socket is bound in before it is renamed into place: "." and 6 hex digits,
+# socket name "s"; as long as "dra.sock", so the bind path is never longer than the final one
+_PRIVATE_DIR_HEX = 3
+_PRIVATE_SOCKET_NAME = "s"
 
 ServicerRegistrar = Callable[[grpc.Server], None]
 
@@ -66,9 +76,10 @@ class SocketPaths:
             # kubelet resolves the GetInfo endpoint in its own working directory; only absolute paths are safe.
             raise SocketError(f"--kubelet-dir must be an absolute path, got {str(self.kubelet_dir)!r}")
         for path in (self.registration_socket, self.dra_socket):
-            if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            longest = max(len(os.fsencode(path)), len(os.fsencode(_bind_path_example(path))))
+            if longest > UNIX_PATH_MAX:
                 raise SocketError(
-                    f"socket path {path} is {len(os.fsencode(path))} bytes, over the {UNIX_PATH_MAX}-byte "
+                    f"socket path {path} needs {longest} bytes, over the {UNIX_PATH_MAX}-byte "
                     "limit of unix sockets: use a shorter --kubelet-dir"
                 )
 
@@ -102,6 +113,47 @@ def _make_dirs(directory: Path) -> None:
     # Only directories created here get tessera's mode; existing ones (kubelet's plugins_registry) keep theirs.
     for created in missing:
         os.chmod(created, DIR_MODE)
+
+
+def _bind_path_example(path: Path) -> Path:
+    return path.parent / ("." + "0" * 2 * _PRIVATE_DIR_HEX) / _PRIVATE_SOCKET_NAME
+
+
+def _private_dir(parent: Path) -> Path:
+    """A new directory only this process's user can enter; mkdir fails rather than reuse one someone planted."""
+    for _ in range(100):
+        candidate = parent / ("." + secrets.token_hex(_PRIVATE_DIR_HEX))
+        try:
+            candidate.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(candidate, 0o700)  # mkdir's mode is cut by the umask, never widened; make it exact
+        return candidate
+    raise SocketError(f"cannot create a private directory for binding a socket in {parent}")
+
+
+def bind_private(server: grpc.Server, path: Path) -> None:
+    """Listen on `path` with mode SOCKET_MODE from the moment the socket appears there.
+
+    grpc binds inside `add_insecure_port`; the socket is bound in a private directory, chmod'ed,
+    and renamed over `path` (atomic), so no one else can reach it before its mode is final.
+    """
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        # the rename would succeed, but nobody could connect to a path longer than sun_path
+        raise SocketError(f"cannot listen on {path}: {len(os.fsencode(path))} bytes, over the {UNIX_PATH_MAX}-byte "
+                          "limit of unix sockets")  # fmt: skip
+    private = _private_dir(path.parent)
+    bound = private / _PRIVATE_SOCKET_NAME
+    try:
+        try:
+            server.add_insecure_port(f"unix:{bound}")
+        except RuntimeError as exc:
+            raise SocketError(f"cannot listen on {path}: {exc}") from exc
+        os.chmod(bound, SOCKET_MODE)
+        os.rename(bound, path)
+    finally:
+        bound.unlink(missing_ok=True)
+        private.rmdir()
 
 
 class UnixSocketServer:
@@ -139,11 +191,11 @@ class UnixSocketServer:
             for register in self._registrars:
                 register(server)
             try:
-                server.add_insecure_port(f"unix:{self.path}")
-            except RuntimeError as exc:
-                raise SocketError(f"cannot listen on {self.path}: {exc}") from exc
+                bind_private(server, self.path)
+            except BaseException:
+                server.stop(None)  # closes a listener bound before the rename failed
+                raise
             server.start()
-            os.chmod(self.path, SOCKET_MODE)
             self._server = server
         log.info("grpc server listening", server=self.name, socket=str(self.path))
 

@@ -286,12 +286,13 @@ def run_plugin(
     from driver.discovery import DiscoveryError, load_inventory
     from driver.driverroot import DriverRootError
     from driver.kubeapi import RealKubeAPI
+    from kubeletplugin.fsguard import UnsafeDirectoryError
 
     stop = stop_event or threading.Event()
     try:
         inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
         state = build_device_state(config, inventory)
-    except (DiscoveryError, DriverRootError) as exc:
+    except (DiscoveryError, DriverRootError, UnsafeDirectoryError) as exc:
         log.error("cannot start the kubelet plugin", error=str(exc))
         return 1
     if api is None:

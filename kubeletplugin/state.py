@@ -21,13 +21,13 @@ claim again; completed claims get their CDI specs and MPS daemons back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ from driver.cdi import (
     CdiError,
     ContainerEdits,
     DeviceNode,
-    DeviceNumbers,
     SpecDevice,
     build_claim_spec,
     check_claim_uid,
@@ -59,6 +58,7 @@ from driver.driverroot import DriverRoot
 from driver.mig import layout_for
 from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
+from kubeletplugin.fsguard import require_private_dir
 from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
 from kubeletplugin.mps import MpsControl, MpsDaemon, MpsError, limit_mib, mps_paths
 from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
@@ -114,6 +114,12 @@ class _Progress:
     resumed: bool = False  # a PrepareStarted entry of an earlier attempt was found
 
 
+@dataclass
+class _LockSlot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0  # threads holding or waiting for the lock; guarded by DeviceState._locks_guard
+
+
 def _use_kind(device: AllocatedDevice) -> str:
     if device.target.is_mig:
         return "mig"
@@ -153,17 +159,32 @@ class DeviceState:
         # a simulated node has no /dev/nvidia* for the runtime to copy, so its specs carry the numbers
         self.device_numbers = SIMULATED_DEVICE_NUMBERS if inventory.source.startswith("simulated") else None
         self.store = CheckpointStore(state_dir)
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, _LockSlot] = {}
         self._locks_guard = threading.Lock()
         # temp files older than this agent were left by a killed one (a write of its own is younger)
         self._started = time.time()
-        # never group/world-writable, whatever the umask: a checkpoint someone else can replace
-        # would make recovery write CDI specs of their choosing
-        state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # a checkpoint or spec someone else can replace would decide what containers mount: both
+        # directories must be ours and writable by us alone (created 0755 whatever the umask)
+        require_private_dir(state_dir, "--state-dir")
+        require_private_dir(cdi_dir, "--cdi-dir")
 
-    def _claim_lock(self, uid: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _claim_lock(self, uid: str) -> Iterator[None]:
+        """Hold the claim's lock. A claim's lock lives only while someone holds or waits for it, so the
+        table stays as small as the number of claims in flight (kubelet may name any number of UIDs)."""
         with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
+            slot = self._locks.get(uid)
+            if slot is None:
+                slot = self._locks[uid] = _LockSlot()
+            slot.users += 1
+        try:
+            with slot.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                slot.users -= 1
+                if slot.users == 0:
+                    del self._locks[uid]
 
     # --- prepare ----------------------------------------------------------------------------
 
@@ -239,6 +260,7 @@ class DeviceState:
                 name=alloc.name,
                 state=ClaimState.PREPARE_STARTED,
                 gpu_uses=uses,
+                allocation=_allocation_record(claim, self.driver_name, self.pool),
                 mps=entry.mps if entry else None,
                 migs=entry.migs if entry else (),
                 time_slices=time_slices,
@@ -283,7 +305,6 @@ class DeviceState:
 
         spec, devices = self._build_spec(alloc, migs, use_mps)
         write_spec(self.cdi_dir, alloc.uid, spec)
-        progress.entry = replace(progress.entry, cdi_spec=spec)
         self.crash_hook("after-cdi-write")
 
         if slices and self.timeslicer is not None:
@@ -493,7 +514,17 @@ class DeviceState:
         return report
 
     def _restore(self, entry: ClaimEntry, report: RecoveryReport) -> None:
-        spec = entry.cdi_spec
+        """A completed claim's MIG instances, CDI spec, time slices and MPS daemon, as prepare made them.
+
+        The spec is rebuilt from the recorded allocation by the code prepare uses, never copied from
+        the checkpoint: a forged entry can at most name devices of this node, not arbitrary mounts.
+        """
+        if entry.allocation is None:
+            raise CdiError(
+                f"checkpoint entry of claim {entry.namespace}/{entry.name} records no allocation (written by an "
+                "older tessera), so its CDI spec cannot be rebuilt; if the spec is gone, delete the pod so that "
+                "kubelet prepares the claim again"
+            )
         migs = list(entry.migs)
         for i, m in enumerate(migs):
             if self.mig.exists(m):
@@ -503,26 +534,38 @@ class DeviceState:
             layout = layout_for(gpu.product_name)
             if layout is None:
                 raise MigError(f"{gpu.device_name}: no MIG table for {gpu.product_name}")
-            new = self.mig.create(gpu, layout.profile(m.profile), m.placement)
-            migs[i] = new
-            if spec is not None:
-                spec = _replace_strings(spec, _mig_renames(m, new, self.proc_root, self.device_numbers))
+            migs[i] = self.mig.create(gpu, layout.profile(m.profile), m.placement)
             report.migs_recreated.append(entry.uid)
-        mps = entry.mps
-        if mps is not None and migs != list(entry.migs):
-            renames = {old.uuid: new.uuid for old, new in zip(entry.migs, migs, strict=True)}
-            mps = replace(mps, gpu_uuids=tuple(renames.get(u, u) for u in mps.gpu_uuids))
-        if spec is not None and read_spec(self.cdi_dir, entry.uid) != spec:
+        claim = {
+            "metadata": {"uid": entry.uid, "namespace": entry.namespace, "name": entry.name},
+            "status": {"allocation": entry.allocation},
+        }
+        alloc = parse_claim_allocation(claim, ref_uid=entry.uid, inventory=self.inventory, pool=self.pool,
+                                       driver=self.driver_name)  # fmt: skip
+        by_placement = {(m.gpu_uuid, m.profile, m.placement): m for m in migs}
+        mig_of: dict[str, CreatedMig] = {}
+        for d in alloc.devices:
+            t = d.target
+            if t.is_dynamic_mig and t.mig_profile is not None and t.placement is not None:
+                found = by_placement.get((t.gpu.uuid, t.mig_profile.name, t.placement))
+                if found is None:
+                    raise MigError(f"claim {entry.namespace}/{entry.name}: no MIG instance recorded for {d.device}")
+                mig_of[d.device] = found
+        mps_devices = [d for d in alloc.devices if d.sharing.strategy == Strategy.MPS]
+        spec, _ = self._build_spec(alloc, mig_of, bool(mps_devices))
+        if read_spec(self.cdi_dir, entry.uid) != spec:
             write_spec(self.cdi_dir, entry.uid, spec)
             report.specs_rewritten.append(entry.uid)
         if self.timeslicer is not None:
             # a reboot or GPU reset puts the interval back to the default
             for gpu_uuid, interval in entry.time_slices:
                 self.timeslicer.set_interval(gpu_uuid, interval)
-        if mps is not None and (mps != entry.mps or not self.mps.adopt(mps)):
-            mps = self.mps.start(entry.uid, mps.gpu_uuids, mps.limits_mib, mps.active_thread_percentage)
-            report.mps_restarted.append(entry.uid)
-        updated = replace(entry, cdi_spec=spec, migs=tuple(migs), mps=mps)
+        mps = entry.mps
+        if mps_devices:
+            mps = self._start_mps(alloc, mig_of, entry.mps, mps_devices[0].sharing.active_thread_percentage)
+            if mps is not entry.mps:
+                report.mps_restarted.append(entry.uid)
+        updated = replace(entry, migs=tuple(migs), mps=mps)
         if updated != entry:
             self.store.put(updated)
 
@@ -572,31 +615,21 @@ class DeviceState:
             report.failed[what] = str(exc)
 
 
-def _mig_renames(
-    old: CreatedMig, new: CreatedMig, proc_root: Path | None, numbers: DeviceNumbers | None
-) -> dict[str, Any]:
-    """Old -> new for every spec value naming a MIG instance: its UUID and its capability nodes."""
-    renames: dict[str, Any] = {old.uuid: new.uuid}
-    old_nodes = mig_device_nodes(old.gpu_minor, old.gpu_instance_id, old.compute_instance_id, proc_root, numbers)
-    new_nodes = mig_device_nodes(new.gpu_minor, new.gpu_instance_id, new.compute_instance_id, proc_root, numbers)
-    for a, b in zip(old_nodes, new_nodes, strict=True):
-        renames[json.dumps(a.to_dict(), sort_keys=True)] = b.to_dict()
-    return renames
+def _allocation_record(claim: dict[str, Any], driver: str, pool: str) -> dict[str, Any]:
+    """The part of status.allocation that prepares this node's devices; others' entries become null so
+    result indices (which name repeated devices) stay as they are."""
+    devices = claim["status"]["allocation"].get("devices") or {}
 
+    def ours(result: Any) -> bool:
+        return isinstance(result, dict) and result.get("driver") == driver and result.get("pool") == pool
 
-def _replace_strings(value: Any, renames: dict[str, Any]) -> Any:
-    """`value` with renamed UUIDs (also inside comma-separated env values) and renamed device-node objects."""
-    if isinstance(value, dict):
-        key = json.dumps(value, sort_keys=True)
-        if key in renames:
-            return renames[key]
-        return {k: _replace_strings(v, renames) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_strings(v, renames) for v in value]
-    if isinstance(value, str):
-        if value in renames:
-            return renames[value]
-        if "=" in value:
-            key, _, rest = value.partition("=")
-            return f"{key}=" + ",".join(str(renames.get(p, p)) for p in rest.split(","))
-    return value
+    def our_config(entry: Any) -> bool:
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        return isinstance(opaque, dict) and opaque.get("driver") == driver
+
+    return {
+        "devices": {
+            "results": [r if ours(r) else None for r in devices.get("results") or []],
+            "config": [c if our_config(c) else None for c in devices.get("config") or []],
+        }
+    }

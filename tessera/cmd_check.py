@@ -29,12 +29,22 @@ class InputError(Exception):
 def load_documents(path: str) -> list[tuple[str, Any]]:
     import yaml
 
+    from driver.safeyaml import MAX_BYTES, YamlLimitError, load_all
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_BYTES + 1)  # never more than the limit into memory
+        text = data.decode("utf-8")
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text: {exc}") from exc
+    if len(data) > MAX_BYTES:
+        raise InputError(f"{path}: larger than the {MAX_BYTES:,}-byte limit for one file; split it")
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = load_all(text)
+    except YamlLimitError as exc:
+        raise InputError(f"{path}: refused: {exc}") from exc
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML/JSON: {exc}") from exc
     if len(docs) == 1:

@@ -33,7 +33,8 @@ def full_entry(uid: str = UID) -> ClaimEntry:
         state=ClaimState.PREPARE_COMPLETED,
         devices=(PreparedDevice(("gpu",), "node-a", "gpu-0", (f"gpu.tessera.dev/claim={uid}-gpu-0",), "3f2c8a9e"),),
         gpu_uses=(GpuUse("GPU-0", "share"),),
-        cdi_spec={"cdiVersion": "0.5.0", "kind": "gpu.tessera.dev/claim", "devices": []},
+        allocation={"devices": {"results": [None, {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
+                                                   "device": "gpu-0", "shareID": "3f2c8a9e"}], "config": []}},
         mps=MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),
         migs=(CreatedMig("GPU-1", 1, 1, "1g.10gb", 3, 1, 2, 0, "MIG-x"),),
     )
@@ -175,3 +176,67 @@ def test_concurrent_puts_from_two_stores_lose_nothing(tmp_path):
     for t in threads:
         t.join()
     assert len(CheckpointStore(tmp_path).load()) == 80
+
+
+# -- found by mutation testing (docs/reliability.md) -------------------------------------------------
+
+
+def _with_checksum(claims: dict) -> bytes:
+    import hashlib
+
+    from kubeletplugin.checkpoint import _canonical
+
+    checksum = "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
+    return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum, "claims": claims}).encode()
+
+
+def test_an_entry_with_only_the_required_fields_decodes_with_empty_lists():
+    entries = decode(_with_checksum({UID: {"uid": UID, "namespace": "ns", "name": "c", "state": "PrepareStarted"}}))
+    entry = entries[UID]
+    assert (entry.devices, entry.gpu_uses, entry.migs, entry.time_slices) == ((), (), (), ())
+    assert entry.allocation is None and entry.mps is None
+
+
+def test_the_checksum_does_not_depend_on_key_order():
+    claims = json.loads(encode({UID: full_entry()}))["claims"]
+    reordered = {UID: dict(reversed(list(claims[UID].items())))}  # an editor or another encoder may reorder keys
+    assert decode(_with_checksum(claims)) == decode(_with_checksum(reordered)) == {UID: full_entry()}
+    data = encode({UID: full_entry()})
+    doc = json.loads(data)
+    doc["claims"] = reordered
+    assert decode(json.dumps(doc).encode()) == {UID: full_entry()}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply to parse"),
+        (b"[]", "not a JSON object"),
+        (json.dumps({"version": CHECKPOINT_VERSION, "checksum": "x"}).encode(), "no claims object"),
+        (json.dumps({"version": CHECKPOINT_VERSION, "checksum": "sha256:abc", "claims": {}}).encode(),
+         "checksum mismatch (file says 'sha256:abc', content is sha256:"),
+    ],
+)
+def test_decode_says_what_is_wrong(data, message):
+    with pytest.raises(CheckpointError) as err:
+        decode(data)
+    assert str(err.value).startswith(message)
+
+
+def test_an_allocation_that_is_not_an_object_is_a_malformed_entry():
+    entry = full_entry().to_dict()
+    entry["allocation"] = ["not", "an", "object"]
+    expected = r"malformed claim entry: TypeError\('allocation must be an object, got list'\)"
+    with pytest.raises(CheckpointError, match=expected):
+        decode(_with_checksum({UID: entry}))
+
+
+def test_a_file_replaced_by_another_writer_is_read_again_even_when_its_mtime_is_old(tmp_path):
+    import os
+
+    mine, other = CheckpointStore(tmp_path), CheckpointStore(tmp_path)
+    mine.save({UID: full_entry()})
+    assert mine.load() == {UID: full_entry()}
+    other.save({})  # a new file (rename), given an old mtime: only its identity says it changed
+    os.utime(other.path, ns=(1_000_000_000, 1_000_000_000))
+    assert mine.load() == {}

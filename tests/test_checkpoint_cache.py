@@ -151,7 +151,7 @@ def test_prepare_and_unprepare_write_the_checkpoint_twice_each(
     assert writes.states == [{UID: "PrepareStarted"}, {UID: "PrepareCompleted"}]
     completed = state.prepared_claims()[UID]
     # what the skipped intermediate writes used to record is all in the completed entry
-    assert completed.cdi_spec is not None
+    assert completed.allocation is not None
     assert len(completed.migs) == len(state.mig.created())
     assert (completed.mps is not None) == (kind == "memory share (MPS)")
     assert bool(completed.time_slices) == (kind == "time slicing")

@@ -465,3 +465,76 @@ def test_fmt_bytes():
     assert fmt_bytes(4 << 30) == "4Gi"
     assert fmt_bytes(1536 << 20) == "1536Mi"
     assert fmt_bytes(1000) == "1000"
+
+
+# -- found by mutation testing (docs/reliability.md): paths the tests above did not pin down -----------
+
+
+def test_requests_after_ones_that_are_skipped_are_still_rewritten():
+    spec = spec_with(2, "8Gi")
+    devices = spec["devices"]
+    devices["requests"] = [
+        "not an object",
+        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com", "count": 2}},
+        {"name": "plain", "exactly": {"deviceClassName": "gpu.tessera.dev"}},  # no total: nothing to do
+        *devices["requests"],
+    ]
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert not result.findings
+    assert result.spec["devices"]["requests"][:3] == devices["requests"][:3]
+    assert result.spec["devices"]["requests"][3]["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
+    assert result.spec["devices"]["constraints"] == [{"requests": ["gpus"], **UUID}]
+
+
+def test_a_bad_request_does_not_hide_the_next_one_or_crash_on_a_non_object_request():
+    spec = spec_with(3, "10Gi")
+    spec["devices"]["requests"].insert(0, "not an object")
+    spec["devices"]["requests"].append({"name": "more", "exactly": {"deviceClassName": "gpu.tessera.dev", "count": 3}})
+    spec["devices"]["config"].append(gpu_config({"totalMemory": "10Gi"}, ["more"]))
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert len(result.findings) == 2
+    assert not result.changed and result.spec == spec
+
+
+def test_a_refused_rewrite_returns_a_copy_that_shares_nothing_with_the_input():
+    bad_total = spec_with(3, "10Gi")
+    bad_constraints = spec_with(2, "8Gi")
+    bad_constraints["devices"]["constraints"] = {"not": "a list"}
+    too_many = spec_with(2, "8Gi")
+    too_many["devices"]["constraints"] = [{"requests": [f"r{n}"], **UUID} for n in range(32)]
+    for spec in (bad_total, bad_constraints, too_many):
+        before = copy.deepcopy(spec)
+        result = rewrite_claim_spec(spec, "spec", ours)
+        assert result.findings and result.spec == before
+        result.spec["devices"]["requests"][0]["exactly"]["count"] = 99  # a caller editing the answer
+        assert spec == before
+
+
+def test_another_drivers_config_keeps_its_own_total_memory():
+    spec = spec_with(2, "8Gi")
+    foreign = {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"totalMemory": "8Gi"}}}}
+    spec["devices"]["config"].append(foreign)
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert result.spec["devices"]["config"][-1] == foreign
+
+
+def test_fmt_bytes_uses_the_largest_whole_unit():
+    assert fmt_bytes(3 << 30) == "3Gi"
+    assert fmt_bytes(3 << 20) == "3Mi"
+    assert fmt_bytes(1536 << 20) == "1536Mi"
+    assert fmt_bytes(1000) == "1000"
+
+
+def test_a_tessera_alternative_after_another_drivers_one_is_still_rewritten():
+    spec = {"devices": {
+        "requests": [{"name": "accel", "firstAvailable": [
+            {"name": "nic", "deviceClassName": "nic.example.com", "count": 2},
+            {"name": "multi", "deviceClassName": "gpu.tessera.dev", "count": 2},
+        ]}],
+        "config": [gpu_config({"totalMemory": "8Gi"}, ["accel"])],
+    }}  # fmt: skip
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert not result.findings
+    subs = result.spec["devices"]["requests"][0]["firstAvailable"]
+    assert subs[0] == {"name": "nic", "deviceClassName": "nic.example.com", "count": 2}
+    assert subs[1]["capacity"] == {"requests": {"memory": "4Gi"}}

@@ -403,7 +403,7 @@ def sigkill_rounds(apiserver: FakeApiServer, root: Path) -> None:
 
 def test_recover_removes_temp_files_a_kill_left_and_nothing_else(tmp_path: Path) -> None:
     state = node(tmp_path, CountingHook())
-    state.cdi_dir.mkdir(parents=True)
+    state.cdi_dir.mkdir(parents=True, exist_ok=True)
     stale_spec = state.cdi_dir / ".gpu.tessera.dev-claim_00000000-0000-4000-8000-000000000001.json.ab12.tmp"
     stale_state = state.state_dir / ".checkpoint.json.cd34.tmp"
     foreign = state.cdi_dir / ".vendor.example-gpu.json.ef56.tmp"  # another driver's file in the shared dir

@@ -54,6 +54,18 @@ def assert_holds_nothing(state: DeviceState) -> None:
     assert leftovers(state.cdi_dir, state.state_dir) == []
 
 
+def assert_failed_claim_gone(state: DeviceState, failed: str, kept: str, kept_spec: object) -> None:
+    """The claim whose prepare failed holds nothing (entry, spec, daemon); the other claim is untouched."""
+    assert leftovers(state.cdi_dir, state.state_dir) == []
+    entries = node(state.state_dir.parent).store.load()  # as a fresh reader of the file sees it
+    assert sorted(entries) == [kept], f"the failed claim is still in the checkpoint: {entries.get(failed)}"
+    assert entries[kept].state == ClaimState.PREPARE_COMPLETED
+    assert claim_spec_uids(state.cdi_dir) == [kept]
+    assert read_spec(state.cdi_dir, kept) == kept_spec
+    assert isinstance(state.mps, FakeMpsControl)
+    assert sorted(state.mps.daemons()) == [kept]
+
+
 # -- damaged checkpoints ---------------------------------------------------------------------------------
 
 
@@ -122,11 +134,11 @@ def test_unreadable_checkpoint_fails_the_claim_not_the_process(tmp_path: Path) -
 # -- full and read-only disks, injected -----------------------------------------------------------------
 
 
-def _fail_fsync_under(directory: Path, err: int) -> Callable[[int], None]:
+def _fail_fsync_under(directory: Path, err: int, when: Callable[[], bool] = lambda: True) -> Callable[[int], None]:
     real = os.fsync
 
     def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory)):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory)) and when():
             raise OSError(err, os.strerror(err))
         real(fd)
 
@@ -134,25 +146,27 @@ def _fail_fsync_under(directory: Path, err: int) -> Callable[[int], None]:
 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EIO])
-@pytest.mark.parametrize("where", ["cdi", "state"])
+@pytest.mark.parametrize("where", ["cdi", "state", "state-late"])
 def test_write_failure_fails_the_claim_alone_and_leaves_no_partial_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, where: str
 ) -> None:
     state = node(tmp_path)
     assert prepare_share(state, UID2, "gpu-5") == ""  # a claim prepared before the disk filled up
     before = read_spec(state.cdi_dir, UID2)
-    monkeypatch.setattr(os, "fsync", _fail_fsync_under(tmp_path / where, err))
+    # "state-late": the state disk fails only while the claim's spec exists, so the PrepareCompleted
+    # write fails and the rollback has a spec and a daemon to take back (and can then drop the entry)
+    late = where == "state-late"
+    when = (lambda: os.path.exists(state.cdi_dir / f"gpu.tessera.dev-claim_{UID}.json")) if late else (lambda: True)
+    monkeypatch.setattr(os, "fsync", _fail_fsync_under(tmp_path / where.removesuffix("-late"), err, when))
     error = prepare_share(state)
     assert os.strerror(err) in error, error
     assert "internal error" not in error, error
     monkeypatch.undo()
-    assert leftovers(state.cdi_dir, state.state_dir) == []
-    assert read_spec(state.cdi_dir, UID) is None
-    assert read_spec(state.cdi_dir, UID2) == before
-    entries = node(tmp_path).store.load()
-    assert entries[UID2].state == ClaimState.PREPARE_COMPLETED
+    # before any recovery: the failed prepare rolled itself back and holds nothing
+    assert_failed_claim_gone(state, UID, UID2, before)
     restarted = node(tmp_path)
-    restarted.recover()  # whatever the failed prepare could not roll back, recovery does
+    report = restarted.recover()
+    assert report.rolled_back == [] and report.orphan_specs_removed == [] and report.orphan_mps_stopped == []
     assert sorted(restarted.store.load()) == [UID2]
     assert prepare_share(restarted) == ""  # and with the disk back, the claim prepares
     assert sorted(claim_spec_uids(restarted.cdi_dir)) == sorted([UID, UID2])
@@ -193,7 +207,7 @@ def test_full_cdi_tmpfs(tiny_tmpfs: Path) -> None:
     assert "No space left on device" in error, error
     assert "internal error" not in error
     assert sorted(p.name for p in tiny_tmpfs.iterdir()) == sorted(["filler", f"gpu.tessera.dev-claim_{UID2}.json"])
-    assert sorted(state.store.load()) == [UID2]
+    assert_failed_claim_gone(state, UID, UID2, read_spec(state.cdi_dir, UID2))
     filler.unlink()
     assert prepare_share(state) == ""
 
@@ -204,7 +218,7 @@ def test_read_only_cdi_mount(tiny_tmpfs: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
     error = prepare_share(state)
     assert "Read-only file system" in error, error
-    assert sorted(state.store.load()) == [UID2]
+    assert_failed_claim_gone(state, UID, UID2, read_spec(state.cdi_dir, UID2))
     # unprepare cannot delete the spec either: an error kubelet retries, the entry kept for the retry
     unprepared = state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     assert "Read-only file system" in unprepared
