@@ -67,10 +67,12 @@ class PluginConfig:
     cleanup_on_exit: bool = False
     kubeconfig: str | None = None
     stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
+    # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
+    instance_id: str = ""
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir))
+        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir, instance_id=self.instance_id))
         if not self.node_name:
             raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")
         if self.simulate and self.nvml:
