@@ -8,15 +8,23 @@ clean up.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from driver.cdi import read_spec
+from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.grpcservers import SocketPaths
+from kubeletplugin.migmanager import SimulatedMigManager
+from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.state import DeviceState
+from kubeletplugin.types import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
+from tests.test_allocation import inventory, make_claim, share
 
 NODE = "node-a"
 UID_A = "0a1b2c3d-0000-4000-8000-00000000000a"
@@ -93,3 +101,97 @@ def test_two_instances_register_separately_and_the_old_one_leaves_only_its_own_s
         fake.close_watches()
         old.stop()
         new.stop()
+
+
+# -- one checkpoint, two instances ---------------------------------------------------------------
+
+CLAIM = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
+
+
+class CountingMps(FakeMpsControl):
+    started: list[str] = []
+
+    def start(self, claim_uid: str, *args: Any, **kwargs: Any) -> Any:
+        CountingMps.started.append(claim_uid)
+        return super().start(claim_uid, *args, **kwargs)
+
+
+def pause_at(step: str, reached: threading.Event, release: threading.Event) -> Callable[[str], None]:
+    def hook(current: str) -> None:
+        if current == step:
+            reached.set()
+            assert release.wait(20), "the test never released the paused prepare"
+    return hook
+
+
+def instance_state(tmp_path: Path, hook: Callable[[str], None] = lambda _: None) -> DeviceState:
+    """One instance's DeviceState: its own objects, the node's shared directories."""
+    state_dir = tmp_path / "state"
+    return DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a", CountingMps(state_dir),
+                       SimulatedMigManager(state_dir), crash_hook=hook)  # fmt: skip
+
+
+def share_claim() -> dict[str, Any]:
+    return make_claim([share("gpu-1", "12Gi")], uid=CLAIM)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_starting_instance_does_not_roll_back_the_other_instances_prepare_in_flight(tmp_path: Path) -> None:
+    reached, release = threading.Event(), threading.Event()
+    old = instance_state(tmp_path, pause_at("after-mps-start", reached, release))
+    preparing, answer = in_thread(lambda: old.prepare(ClaimRef("team-a", "claim", CLAIM), share_claim()))
+    assert reached.wait(20)
+    new = instance_state(tmp_path)
+    recovering, report = in_thread(new.recover)
+    recovering.join(0.5)
+    assert recovering.is_alive(), "recovery ran while the other instance was half-way through a prepare"
+    release.set()
+    preparing.join(20)
+    recovering.join(20)
+    assert not answer[0].error and not report[0].rolled_back and not report[0].orphan_specs_removed
+    assert new.prepared_claims()[CLAIM].state == ClaimState.PREPARE_COMPLETED
+    assert read_spec(tmp_path / "cdi", CLAIM) is not None
+    assert new.mps.is_running(CLAIM)
+
+
+def test_a_claim_sent_to_both_instances_is_prepared_once(tmp_path: Path) -> None:
+    CountingMps.started.clear()
+    reached, release = threading.Event(), threading.Event()
+    old = instance_state(tmp_path, pause_at("after-cdi-write", reached, release))
+    new = instance_state(tmp_path)
+    ref = ClaimRef("team-a", "claim", CLAIM)
+    first, first_answer = in_thread(lambda: old.prepare(ref, share_claim()))
+    assert reached.wait(20)
+    second, second_answer = in_thread(lambda: new.prepare(ref, share_claim()))
+    second.join(0.5)
+    assert second.is_alive(), "the second instance prepared a claim the first one was preparing"
+    release.set()
+    first.join(20)
+    second.join(20)
+    assert first_answer[0] == second_answer[0] and not first_answer[0].error
+    assert CountingMps.started == [CLAIM]
+    # and the new instance unprepares what the old one prepared
+    assert new.unprepare(ref) == ""
+    assert read_spec(tmp_path / "cdi", CLAIM) is None and not old.mps.is_running(CLAIM)
+
+
+def test_record_files_written_by_both_instances_lose_no_update(tmp_path: Path) -> None:
+    # two objects, as in two processes: only the file lock orders their read-modify-writes
+    controls = [FakeMpsControl(tmp_path), FakeMpsControl(tmp_path)]
+    uids = [f"0a1b2c3d-0000-4000-8000-{n:012d}" for n in range(64)]
+
+    def start(n: int) -> None:
+        controls[n % 2].start(uids[n], ["GPU-x"], [1024], None)
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in range(len(uids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(controls[0].daemons()) == sorted(uids)
