@@ -1,7 +1,8 @@
 """The node agent's wiring: inventory -> slices -> publisher, DeviceState, gRPC servers, health, metrics.
 
 Start order matters to kubelet:
-1. publish the node's ResourceSlices (in the background; apiserver trouble is retried, never fatal);
+1. publish the node's ResourceSlices (in the background; apiserver trouble is retried, never fatal),
+   or, while another instance of a rolling update publishes them, stand by to take over;
 2. DeviceState.recover(): bring the node in line with the checkpoint before any call can arrive;
 3. the DRA socket (v1, v1beta1, health) serves;
 4. only then the registration socket appears: kubelet dials the endpoint right after GetInfo;
@@ -33,6 +34,7 @@ from kubeletplugin.health import (
     HealthBoard,
     device_names_from_slices,
 )
+from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
 
@@ -146,6 +148,8 @@ class KubeletPlugin:
         self.metrics_server = MetricsServer(config.metrics_addr, self.metrics, self.healthz)
         self._publisher_started = False
         self._stopped = False
+        self.membership = InstanceMembership(config.state_dir)
+        self.leadership = PublisherLeadership(config.state_dir, self._start_publisher)
         self.metrics.watch_publisher(self._publisher_status)
         self.metrics.prepared_devices.set_function(self._prepared_device_count)
         self.health.add_listener(
@@ -156,8 +160,8 @@ class KubeletPlugin:
     def start(self) -> None:
         """Publisher, recovery, DRA socket, registration socket, metrics; on failure, undoes what started."""
         try:
-            self.publisher.start()
-            self._publisher_started = True
+            self.membership.join()
+            self.leadership.start()
             report = self.state.recover()
             if report.failed:
                 log.error("some prepared claims could not be restored", failed=report.failed)
@@ -186,7 +190,10 @@ class KubeletPlugin:
         if self._stopped:
             return
         self._stopped = True
-        log.info("kubelet plugin stopping", cleanup_slices=self.config.cleanup_on_exit)
+        last = self.membership.leave()
+        cleanup = self.config.cleanup_on_exit and last
+        log.info("kubelet plugin stopping", cleanup_slices=cleanup, last_instance=last)
+        self.leadership.stop()
         self.registration_server.stop(0)
         self.health.close()
         self.dra_server.stop(self.config.stop_grace)
@@ -195,10 +202,12 @@ class KubeletPlugin:
             self.health_source.stop()
         if self._publisher_started:
             try:
-                self.publisher.stop(cleanup=self.config.cleanup_on_exit)
+                # another instance still serving keeps the slices (and takes over publishing them)
+                self.publisher.stop(cleanup=cleanup)
             except Exception as exc:
                 # Slices left behind are wiped by kubelet 30 s after the driver disappears.
                 log.error("cannot delete this node's ResourceSlices", error=str(exc))
+        self.leadership.release()
         self.metrics_server.stop()
         log.info("kubelet plugin stopped")
 
@@ -212,12 +221,20 @@ class KubeletPlugin:
             return False, "ResourceSlice publisher has not finished its first sync"
         if status.state == "stopped":
             return False, "ResourceSlice publisher stopped"
+        if status.state == "standby":
+            return True, "ok (publisher standby: another plugin instance on this node publishes)"
         return True, f"ok (publisher {status.state})"
+
+    def _start_publisher(self) -> None:
+        self.publisher.start()
+        self._publisher_started = True
 
     def _publisher_status(self) -> PublisherStatus:
         p = self.publisher
         if self._stopped:
             state = "stopped"
+        elif not self._publisher_started:
+            state = "standby"
         elif p.last_sync_ok is None:
             state = "starting"
         else:

@@ -8,7 +8,10 @@ clean up.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from tests.kubeletclient import KubeletClient, registration_sockets, short_tmpdi
 from tests.test_allocation import inventory, make_claim, share
 
 NODE = "node-a"
+REPO = Path(__file__).resolve().parent.parent
 UID_A = "0a1b2c3d-0000-4000-8000-00000000000a"
 UID_B = "0a1b2c3d-0000-4000-8000-00000000000b"
 
@@ -195,3 +199,67 @@ def test_record_files_written_by_both_instances_lose_no_update(tmp_path: Path) -
     for t in threads:
         t.join(30)
     assert sorted(controls[0].daemons()) == sorted(uids)
+
+
+# -- one publisher at a time; cleanup only by the last instance ----------------------------------
+
+
+def test_one_instance_publishes_the_other_stands_by_and_takes_over(root: Path, fake: FakeKubeAPI) -> None:
+    old = make_plugin(root, fake, UID_A, cleanup_on_exit=True)
+    new = make_plugin(root, fake, UID_B, cleanup_on_exit=True)
+    try:
+        old.start()
+        assert old.publisher.wait_synced(10) and fake.slices
+        new.start()
+        assert old.leadership.leader and not new.leadership.leader
+        assert new.healthz() == (True, "ok (publisher standby: another plugin instance on this node publishes)")
+        time.sleep(1.5)  # a standby that published anyway would have synced by now
+        assert new.publisher.syncs == 0
+        names = set(fake.slices)
+        deletes_before = sum(c.startswith("delete") for c in fake.calls)
+
+        old.stop()
+        # the new instance still serves: the old one's --cleanup-on-exit must not delete the slices
+        assert sum(c.startswith("delete") for c in fake.calls) == deletes_before
+        assert set(fake.slices) == names
+        wait_until(lambda: new.leadership.leader and new.publisher.syncs > 0, "the standby to take over")
+        fake.external_delete_slice(sorted(names)[0])
+        wait_until(lambda: set(fake.slices) == names, "the new leader to republish a deleted slice")
+
+        fake.close_watches()
+        new.stop()  # the last instance: now --cleanup-on-exit deletes them
+        assert fake.slices == {}
+    finally:
+        fake.close_watches()
+        old.stop()
+        new.stop()
+
+
+def test_the_last_instance_is_known_even_when_the_other_was_killed(root: Path) -> None:
+    from kubeletplugin.instances import InstanceMembership
+
+    (root / "state").mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from kubeletplugin.instances import "
+         "InstanceMembership as M; M(Path(sys.argv[1])).join(); print('joined', flush=True); input()",
+         str(root / "state")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "joined"
+        me = InstanceMembership(root / "state")
+        me.join()
+        assert me.leave() is False  # the other process still holds on
+        other.kill()
+        other.wait(10)
+        me.join()
+        assert me.leave() is True
+    finally:
+        other.kill()
+        other.wait(10)
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
