@@ -311,9 +311,18 @@ def test_plugin_flags_follow_values(tools, sets, present, absent):
         assert flag not in args
 
 
-def test_plugin_rollout_never_overlaps_two_plugins_on_a_node(tools):
-    strategy = one(render(tools, "kubeletPlugin.maxUnavailable=10%"), "DaemonSet")["spec"]["updateStrategy"]
-    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"}}
+def test_plugin_rollout_starts_the_new_pod_before_stopping_the_old_one(tools):
+    ds = one(render(tools), "DaemonSet")
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # the two pods on a node need their own sockets: the instance id is the pod's UID
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "--instance-id=$(POD_UID)" in container["args"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # and share the node's checkpoint, CDI and socket directories
+    kinds = {v["name"]: v.get("hostPath", {}).get("path") for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert {"plugins-registry", "plugin-dir", "cdi", "state"} <= {k for k, path in kinds.items() if path}
 
 
 def test_plugin_node_selector_and_tolerations_target_gpu_nodes_and_can_be_cleared(tools):
@@ -752,7 +761,7 @@ def test_workload_selectors_match_their_pod_labels_and_not_each_other(tools):
         (["kubeletPlugin.kubeletDir=var/lib/kubelet"], ["/kubeletPlugin/kubeletDir"]),
         (["kubeletPlugin.cdiDir="], ["/kubeletPlugin/cdiDir"]),
         (["kubeletPlugin.simulate=DGX H100"], ["/kubeletPlugin/simulate"]),
-        (["kubeletPlugin.maxUnavailable=0"], ["/kubeletPlugin/maxUnavailable"]),
+        (["kubeletPlugin.maxUnavailable=1"], ["/kubeletPlugin", "'maxUnavailable' not allowed"]),
         (["controller.replicas=0"], ["/controller/replicas", "want 1"]),
         (["webhook.timeoutSeconds=45"], ["/webhook/timeoutSeconds"]),
         (["kubeletPlugin.metricsPort=70000"], ["/kubeletPlugin/metricsPort"]),
