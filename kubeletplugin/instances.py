@@ -8,8 +8,8 @@ takes it over within a second of the holder's exit (the kernel drops an flock wi
 so a SIGKILLed leader hands over too).
 
 And `--cleanup-on-exit` deletes the slices only when no other instance is left: every live
-instance holds a shared flock on `<state dir>/instances.lock`, and a leaving instance that can
-then take it exclusively was the last one.
+instance holds an flock on its own file under `<state dir>/instances/`, so each can tell whether
+another one is still running.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 PUBLISHER_LOCK = "publisher.lock"
-INSTANCES_LOCK = "instances.lock"
+INSTANCES_DIR = "instances"
 
 
 def _open(path: Path) -> int:
@@ -43,9 +43,17 @@ def _try_flock(fd: int, mode: int) -> bool:
 class PublisherLeadership:
     """Runs `on_acquired` once this instance holds the node's publisher lock; `release()` gives it back."""
 
-    def __init__(self, state_dir: Path, on_acquired: Callable[[], None], *, retry_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        on_acquired: Callable[[], None],
+        *,
+        on_takeover: Callable[[], None] | None = None,
+        retry_interval: float = 1.0,
+    ) -> None:
         self.path = state_dir / PUBLISHER_LOCK
         self._on_acquired = on_acquired
+        self._on_takeover = on_takeover  # after `on_acquired`, when the lock came from another instance
         self._retry_interval = retry_interval
         self._fd = -1
         self._stop = threading.Event()
@@ -84,6 +92,8 @@ class PublisherLeadership:
             try:
                 if self._try_acquire():
                     log.info("took over publishing this node's ResourceSlices")
+                    if self._on_takeover is not None:
+                        self._on_takeover()
                     return
             except Exception:
                 log.exception("taking over the ResourceSlice publisher failed; retrying")
@@ -105,25 +115,68 @@ class PublisherLeadership:
 
 
 class InstanceMembership:
-    """A shared flock held for this instance's life; `leave()` says whether it was the last one."""
+    """Each live instance holds an exclusive flock on `<state dir>/instances/<instance id>.lock`.
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / INSTANCES_LOCK
+    A file whose lock can be taken belongs to an instance that is gone (the kernel dropped its
+    lock when the process died) and is removed by whoever finds it.
+    """
+
+    def __init__(self, state_dir: Path, instance_id: str) -> None:
+        self.dir = state_dir / INSTANCES_DIR
+        self.name = instance_id or f"pid-{os.getpid()}"
         self._fd = -1
 
+    @property
+    def _path(self) -> Path:
+        return self.dir / f"{self.name}.lock"
+
     def join(self) -> None:
-        if self._fd < 0:
-            fd = _open(self.path)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            self._fd = fd
+        if self._fd >= 0:
+            return
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        while True:
+            fd = _open(self._path)
+            if not _try_flock(fd, fcntl.LOCK_EX):
+                os.close(fd)
+                # the same id still held: a previous container of this pod that has not quite exited
+                self.name = f"{self.name}-{os.getpid()}"
+                continue
+            try:
+                same = os.fstat(fd).st_ino == self._path.stat().st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return
+            os.close(fd)  # someone removed the file as stale between our open and our lock: again
+
+    def others(self) -> list[str]:
+        """The other live instances on this node, by instance id."""
+        alive = []
+        try:
+            paths = sorted(self.dir.glob("*.lock"))
+        except FileNotFoundError:
+            return []
+        for path in paths:
+            if path == self._path and self._fd >= 0:
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                if _try_flock(fd, fcntl.LOCK_SH):
+                    path.unlink(missing_ok=True)  # its instance is gone
+                else:
+                    alive.append(path.name.removesuffix(".lock"))
+            finally:
+                os.close(fd)
+        return alive
 
     def leave(self) -> bool:
-        """Drop out; True when no other instance holds on (this one was the last on the node)."""
+        """Drop out; True when no other instance is left (this one was the last on the node)."""
         if self._fd >= 0:
+            self._path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = -1
-        fd = _open(self.path)
-        try:
-            return _try_flock(fd, fcntl.LOCK_EX)
-        finally:
-            os.close(fd)
+        return not self.others()

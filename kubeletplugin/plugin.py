@@ -14,6 +14,7 @@ calls here, then the health streams end, then the DRA server drains its calls wi
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,7 @@ class KubeletPlugin:
         metrics: PluginMetrics | None = None,
         publisher: Publisher | None = None,
         health_resend_interval: float = 10.0,
+        handover_grace: float = 2.0,
     ) -> None:
         from driver.slices import build_slices
         from kubeletplugin.publisher import Publisher
@@ -148,8 +150,9 @@ class KubeletPlugin:
         self.metrics_server = MetricsServer(config.metrics_addr, self.metrics, self.healthz)
         self._publisher_started = False
         self._stopped = False
-        self.membership = InstanceMembership(config.state_dir)
-        self.leadership = PublisherLeadership(config.state_dir, self._start_publisher)
+        self.membership = InstanceMembership(config.state_dir, config.instance_id)
+        self.leadership = PublisherLeadership(config.state_dir, self._start_publisher, on_takeover=self._handover)
+        self.handover_grace = handover_grace
         self.metrics.watch_publisher(self._publisher_status)
         self.metrics.prepared_devices.set_function(self._prepared_device_count)
         self.health.add_listener(
@@ -228,6 +231,29 @@ class KubeletPlugin:
     def _start_publisher(self) -> None:
         self.publisher.start()
         self._publisher_started = True
+
+    def _handover(self) -> None:
+        """The other instance of a rolling update stopped publishing: once it is gone, recover again.
+
+        Its MPS daemons ran in its container and die with it, after this instance adopted them at
+        start; recovery restarts them (same pipe directory and limits) and rewrites any spec that
+        went missing. The grace lets the old container's processes die first: the kernel drops an
+        exiting process's locks before it kills the rest of its PID namespace.
+        """
+
+        def wait_then_recover() -> None:
+            while not self._stopped and self.membership.others():
+                time.sleep(0.2)
+            if self._stopped:
+                return
+            time.sleep(self.handover_grace)
+            if self._stopped:
+                return
+            report = self.state.recover()
+            log.info("checked the node again after the other plugin instance left",
+                     mps_restarted=report.mps_restarted, specs_rewritten=report.specs_rewritten)  # fmt: skip
+
+        threading.Thread(target=wait_then_recover, name="tessera-handover", daemon=True).start()
 
     def _publisher_status(self) -> PublisherStatus:
         p = self.publisher

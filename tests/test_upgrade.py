@@ -41,18 +41,19 @@ def root() -> Iterator[Path]:
         yield d
 
 
-def make_plugin(root: Path, fake: FakeKubeAPI, instance_id: str, **overrides: Any) -> Any:
+def make_plugin(root: Path, fake: FakeKubeAPI, instance_id: str, profile: str = "mixed", **overrides: Any) -> Any:
     from driver.discovery import load_inventory
     from kubeletplugin.plugin import KubeletPlugin, PluginConfig, build_device_state
 
     kwargs: dict[str, Any] = {
         "node_name": NODE, "kubelet_dir": root / "kubelet", "cdi_dir": root / "cdi", "state_dir": root / "state",
-        "simulate": "mixed", "metrics_addr": "127.0.0.1:0", "stop_grace": 2.0, "instance_id": instance_id,
+        "simulate": profile, "metrics_addr": "127.0.0.1:0", "stop_grace": 2.0, "instance_id": instance_id,
     }  # fmt: skip
     kwargs.update(overrides)
     config = PluginConfig(**kwargs)
-    inventory = load_inventory(NODE, simulate="mixed")
-    return KubeletPlugin(config, fake, inventory, build_device_state(config, inventory), health_resend_interval=30)
+    inventory = load_inventory(NODE, simulate=profile)
+    return KubeletPlugin(config, fake, inventory, build_device_state(config, inventory), health_resend_interval=30,
+                         handover_grace=0.2)
 
 
 @pytest.fixture
@@ -241,21 +242,45 @@ def test_the_last_instance_is_known_even_when_the_other_was_killed(root: Path) -
     (root / "state").mkdir()
     other = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from kubeletplugin.instances import "
-         "InstanceMembership as M; M(Path(sys.argv[1])).join(); print('joined', flush=True); input()",
+         "InstanceMembership as M; M(Path(sys.argv[1]), 'other').join(); print('joined', flush=True); input()",
          str(root / "state")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "joined"
-        me = InstanceMembership(root / "state")
+        me = InstanceMembership(root / "state", "me")
         me.join()
+        assert me.others() == ["other"]
         assert me.leave() is False  # the other process still holds on
         other.kill()
         other.wait(10)
         me.join()
+        assert me.others() == []
         assert me.leave() is True
+        assert list((root / "state" / "instances").iterdir()) == []  # the dead one's file is gone too
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_the_new_instance_restarts_mps_daemons_that_died_with_the_old_one(root: Path, fake: FakeKubeAPI) -> None:
+    old = make_plugin(root, fake, UID_A, "dgx-h100-8")
+    new = make_plugin(root, fake, UID_B, "dgx-h100-8")
+    ref = ClaimRef("team-a", "claim", CLAIM)
+    try:
+        old.start()
+        assert not old.state.prepare(ref, share_claim()).error
+        new.start()  # adopts the old instance's daemon: it is still running
+        assert new.state.mps.is_running(CLAIM)
+        old.stop()
+        # the old pod's container goes, and the MPS daemon it started goes with it
+        FakeMpsControl(root / "state").stop(CLAIM)
+        wait_until(lambda: new.state.mps.is_running(CLAIM), "the new instance to restart the claim's MPS daemon")
+        assert read_spec(root / "cdi", CLAIM) is not None
+        assert new.state.prepared_claims()[CLAIM].state == ClaimState.PREPARE_COMPLETED
+    finally:
+        fake.close_watches()
+        old.stop()
+        new.stop()
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
