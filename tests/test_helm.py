@@ -325,6 +325,11 @@ def test_plugin_rollout_starts_the_new_pod_before_stopping_the_old_one(tools):
     assert {"plugins-registry", "plugin-dir", "cdi", "state"} <= {k for k, path in kinds.items() if path}
 
 
+def test_plugin_rollout_without_surge_stops_the_old_pod_first(tools):
+    strategy = one(render(tools, "kubeletPlugin.surgeUpgrade=false"), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
 def test_plugin_node_selector_and_tolerations_target_gpu_nodes_and_can_be_cleared(tools):
     pod = one(render(tools), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -762,6 +767,7 @@ def test_workload_selectors_match_their_pod_labels_and_not_each_other(tools):
         (["kubeletPlugin.cdiDir="], ["/kubeletPlugin/cdiDir"]),
         (["kubeletPlugin.simulate=DGX H100"], ["/kubeletPlugin/simulate"]),
         (["kubeletPlugin.maxUnavailable=1"], ["/kubeletPlugin", "'maxUnavailable' not allowed"]),
+        (["kubeletPlugin.surgeUpgrade=maybe"], ["/kubeletPlugin/surgeUpgrade"]),
         (["controller.replicas=0"], ["/controller/replicas", "want 1"]),
         (["webhook.timeoutSeconds=45"], ["/webhook/timeoutSeconds"]),
         (["kubeletPlugin.metricsPort=70000"], ["/kubeletPlugin/metricsPort"]),
