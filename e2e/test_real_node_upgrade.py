@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from e2e.kube import Kube
+from e2e.node.podresources import list_dynamic_resources
 from e2e.node.realnode import RealNode
 from e2e.processes import ManagedProcess, wait_for
 from e2e.realpods import probe_pod, wait_reported
@@ -34,6 +35,7 @@ class PodLoop:
         self.kube, self.node, self.namespace = kube, node, namespace
         self.created: list[str] = []
         self.running: list[str] = []
+        self.visible: dict[str, list[str]] = {}  # pod -> the GPUs its container saw
         self.deleted: list[str] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -46,10 +48,11 @@ class PodLoop:
             try:
                 self.kube.create(probe_pod(name, self.namespace, self.node.name, templates={"gpu": "share"}))
                 self.created.append(name)
-                wait_reported(self.kube, self.node, self.namespace, name, timeout=60)
+                started = wait_reported(self.kube, self.node, self.namespace, name, timeout=60)
             except Exception as exc:
                 self.errors.append(f"{name}: {exc}")
                 return
+            self.visible[name] = started.views["probe"].visible
             self.running.append(name)
             if i - 2 >= KEEP:  # the pod before last goes away: its claim is unprepared meanwhile
                 old = f"p{i - 2:03d}"
@@ -76,8 +79,9 @@ def _prepared_at(logs: list[Path]) -> list[tuple[float, str, str]]:
     return sorted(out)
 
 
-def _longest_gap(times: list[float]) -> float:
-    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+def _longest_gap(times: list[float]) -> tuple[float, float]:
+    """The longest gap between consecutive times, and when it began."""
+    return max(((b - a, a) for a, b in itertools.pairwise(times)), default=(0.0, 0.0))
 
 
 def _restore_plugin(node: RealNode, candidates: list[ManagedProcess]) -> None:
@@ -109,6 +113,7 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
 
         t_new = time.time()
         new = node.start_instance(f"new-{tag}")
+        t_registered = time.time()
         started.append(new)
         loop.wait_running(len(loop.running) + 3, "pods to run while both instances serve")
         t_stop = time.time()
@@ -125,6 +130,7 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
                   for e in kube.list("Event", namespace) if "Prepare" in e.get("reason", "")]  # fmt: skip
         assert failed == []
         assert loop.created == loop.running
+        assert all(len(loop.visible[name]) == 1 for name in loop.running), loop.visible
 
         # each claim prepared once, by one instance, and with exactly one CDI spec
         prepared = _prepared_at([old.log_path, new.log_path])
@@ -148,6 +154,11 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
             status = p["status"]["containerStatuses"][0]
             assert p["status"]["phase"] == "Running" and "running" in status["state"], status
             assert status["restartCount"] == 0  # (and its claim's spec is among those checked above)
+            # kubelet still accounts the claim's device to the pod, with the same CDI id as before
+            held = list_dynamic_resources(node.podresources_socket, namespace, name)["probe"]
+            assert len(held) == 1 and held[0].cdi_ids, held
+            spec = next(q for q in node.cdi_dir.iterdir() if uids[name] in q.name and not q.name.startswith("."))
+            assert all(i.split("=", 1)[1] in spec.read_text() for i in held[0].cdi_ids)
         # the node's slices stayed, now kept by the new instance
         assert slices_of(kube, node.name)
         assert "took over publishing" in new.log_path.read_text()
@@ -155,11 +166,13 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
         times = [at for at, _, _ in prepared]
         before = [t for t in times if t < t_new]
         during = [t for t in times if t >= t_new - (t_new - before[-1] if before else 0)]
+        gap, gap_at = _longest_gap(during)
         print(
             f"\nsurge upgrade on {node.name}: {len(times)} prepares, {len(during)} from the last one before the "
-            f"new instance started to the end ({t_end - t_new:.1f} s, old instance stopped at "
-            f"+{t_stop - t_new:.1f} s); longest gap between prepares: {_longest_gap(during):.2f} s "
-            f"across the upgrade, {_longest_gap(before):.2f} s before it"
+            f"new instance started to the end ({t_end - t_new:.1f} s; new instance registered at "
+            f"+{t_registered - t_new:.1f} s, old instance stopped at +{t_stop - t_new:.1f} s); longest gap "
+            f"between prepares: {gap:.2f} s across the upgrade (from +{gap_at - t_new:.2f} s), "
+            f"{_longest_gap(before)[0]:.2f} s before it"
         )
     finally:
         loop.stop.set()
