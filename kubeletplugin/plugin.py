@@ -249,7 +249,7 @@ class KubeletPlugin:
             time.sleep(self.handover_grace)
             if self._stopped:
                 return
-            report = self.state.recover()
+            report = self.state.recover_claims()
             log.info("checked the node again after the other plugin instance left",
                      mps_restarted=report.mps_restarted, specs_rewritten=report.specs_rewritten)  # fmt: skip
 

@@ -514,21 +514,41 @@ class DeviceState:
 
     def _recover(self) -> RecoveryReport:
         report = RecoveryReport()
-        for uid, entry in self.store.load().items():
-            with self._claim_lock(uid, across_instances=False):
+        self._recover_claims(report, across_instances=False)
+        self._remove_orphans(report)
+        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
+        return report
+
+    def recover_claims(self) -> RecoveryReport:
+        """recover() for the checkpoint's claims only, each under its own node-wide claim lock.
+
+        For a running instance (the other one of a rolling update just left): calls for other
+        claims go on meanwhile, which the node lock of a full recover() would hold up while MPS
+        daemons restart. Orphans (files no entry owns) wait for the next start.
+        """
+        report = RecoveryReport()
+        self._recover_claims(report, across_instances=True)
+        log.info("claims recovered", **{k: v for k, v in report.__dict__.items() if v})
+        return report
+
+    def _recover_claims(self, report: RecoveryReport, *, across_instances: bool) -> None:
+        for uid in self.store.load():
+            with self._claim_lock(uid, across_instances=across_instances):
+                # read again under the lock: a call may have changed or dropped it meanwhile
+                entry = self.store.get(uid)
+                if entry is None:
+                    continue
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
                         self._restore(entry, report)
                     else:
+                        # nobody is preparing it (we hold its lock): an abandoned attempt
                         self._teardown(entry)
                         self.store.drop(uid)
                         report.rolled_back.append(uid)
                 except Exception as exc:
                     log.exception("recovery of a claim failed", claim_uid=uid)
                     report.failed[uid] = str(exc)
-        self._remove_orphans(report)
-        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
-        return report
 
     def _restore(self, entry: ClaimEntry, report: RecoveryReport) -> None:
         """A completed claim's MIG instances, CDI spec, time slices and MPS daemon, as prepare made them.

@@ -186,6 +186,38 @@ def test_a_claim_sent_to_both_instances_is_prepared_once(tmp_path: Path) -> None
     assert read_spec(tmp_path / "cdi", CLAIM) is None and not old.mps.is_running(CLAIM)
 
 
+def test_recovering_claims_while_serving_holds_up_no_other_claim(tmp_path: Path) -> None:
+    first = instance_state(tmp_path)
+    assert not first.prepare(ClaimRef("team-a", "claim", CLAIM), share_claim()).error
+    FakeMpsControl(tmp_path / "state").stop(CLAIM)  # its daemon died with the old pod's container
+
+    in_restart, release = threading.Event(), threading.Event()
+
+    class SlowMps(FakeMpsControl):
+        def start(self, claim_uid: str, *args: Any, **kwargs: Any) -> Any:
+            if claim_uid == CLAIM:
+                in_restart.set()
+                assert release.wait(20)
+            return super().start(claim_uid, *args, **kwargs)
+
+    state_dir = tmp_path / "state"
+    recovering_state = DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a",
+                                   SlowMps(state_dir), SimulatedMigManager(state_dir))  # fmt: skip
+    recovering, report = in_thread(recovering_state.recover_claims)
+    assert in_restart.wait(20)
+    other_uid = "0a9b8c7d-0000-4000-8000-000000000002"
+    other = make_claim([share("gpu-2", "12Gi")], uid=other_uid)
+    serving, answer = in_thread(lambda: instance_state(tmp_path).prepare(ClaimRef("team-a", "b", other_uid), other))
+    serving.join(10)
+    alive = serving.is_alive()
+    release.set()
+    recovering.join(20)
+    serving.join(20)
+    assert not alive, "a prepare of another claim waited for the restart of an MPS daemon"
+    assert not answer[0].error and report[0].mps_restarted == [CLAIM]
+    assert first.mps.is_running(CLAIM) and first.mps.is_running(other_uid)
+
+
 def test_record_files_written_by_both_instances_lose_no_update(tmp_path: Path) -> None:
     # two objects, as in two processes: only the file lock orders their read-modify-writes
     controls = [FakeMpsControl(tmp_path), FakeMpsControl(tmp_path)]
