@@ -57,6 +57,7 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     ],
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
     "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
+    "upgrades without overlap": ["kubeletPlugin.surgeUpgrade=false"],
 }
 
 
