@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import socket
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -238,3 +239,47 @@ class UnixSocketServer:
         except FileNotFoundError:
             pass
         log.info("grpc server stopped", server=self.name, socket=str(self.path))
+
+
+def remove_dead_sockets(paths: SocketPaths) -> list[Path]:
+    """Remove this driver's sockets that nobody listens on any more; returns what was removed.
+
+    With per-instance names, an instance that was killed (no SIGTERM, so no clean-up of its own)
+    leaves its two sockets behind for good: a new pod has a new UID. kubelet would keep retrying
+    the registration socket, at every kubelet restart too. Only sockets named like this driver's
+    (any instance id, or none) that refuse a connection are removed: a live instance accepts one,
+    from the moment its socket is renamed into place, since it listens before the rename.
+    """
+    candidates = [
+        *paths.registry_dir.glob(f"{paths.driver_name}-reg.sock"),
+        *paths.registry_dir.glob(f"{paths.driver_name}-*-reg.sock"),
+        *paths.plugin_dir.glob("dra.sock"),
+        *paths.plugin_dir.glob("dra-*.sock"),
+    ]
+    removed = []
+    for path in candidates:
+        if path in (paths.registration_socket, paths.dra_socket):
+            continue
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        if len(os.fsencode(path)) > UNIX_PATH_MAX or _accepts(path):
+            continue
+        path.unlink(missing_ok=True)
+        log.info("removed the socket of a plugin instance that is gone", path=str(path))
+        removed.append(path)
+    return removed
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True  # anything else (a full backlog, a timeout): assume alive
+        return True

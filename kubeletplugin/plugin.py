@@ -27,7 +27,7 @@ from driver.kubeapi import KubeAPI
 from driver.model import Inventory
 from driver.shutdown import restore_handlers, stop_on_signals
 from kubeletplugin.draservice import DraService
-from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer
+from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer, remove_dead_sockets
 from kubeletplugin.health import (
     DRAResourceHealthServicer,
     FileHealthSource,
@@ -170,6 +170,7 @@ class KubeletPlugin:
                 log.error("some prepared claims could not be restored", failed=report.failed)
             if self.health_source is not None:
                 self.health_source.start()
+            remove_dead_sockets(self.config.socket_paths)
             self.dra_server.start()
             self.registration_server.start()
             self.metrics_server.start()

@@ -320,3 +320,34 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> N
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_sockets_of_a_killed_instance_are_removed_and_live_ones_kept(root: Path, fake: FakeKubeAPI) -> None:
+    import socket
+
+    paths = SocketPaths(root / "kubelet", instance_id="dead0001")
+    for path in (paths.registration_socket, paths.dra_socket):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with socket.socket(socket.AF_UNIX) as s:  # bound, never listening, closed: what SIGKILL leaves
+            s.bind(str(path))
+    legacy = SocketPaths(root / "kubelet").registration_socket
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(legacy))
+    unrelated = paths.registry_dir / "other.vendor.com-reg.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(unrelated))
+    running = make_plugin(root, fake, UID_A)
+    starting = make_plugin(root, fake, UID_B)
+    try:
+        running.start()
+        starting.start()
+        assert not paths.registration_socket.exists() and not paths.dra_socket.exists() and not legacy.exists()
+        assert unrelated.exists(), "another driver's socket is not ours to remove"
+        assert sorted(registration_sockets(root / "kubelet")) == sorted(
+            [running.config.socket_paths.registration_socket, starting.config.socket_paths.registration_socket,
+             unrelated])  # fmt: skip
+        assert running.config.socket_paths.dra_socket.exists()
+    finally:
+        fake.close_watches()
+        running.stop()
+        starting.stop()
