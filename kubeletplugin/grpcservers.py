@@ -16,7 +16,9 @@ touched: it is process-wide, and the plugin's other threads write files meanwhil
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import socket
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -47,12 +49,31 @@ class SocketError(Exception):
     """A socket path that cannot be served: too long, not absolute, occupied by a non-socket, or bind failed."""
 
 
+INSTANCE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+
+
+def check_instance_id(instance_id: str) -> None:
+    """Raise SocketError unless `instance_id` can be part of a socket file name (a pod UID can)."""
+    if instance_id and not INSTANCE_ID_PATTERN.fullmatch(instance_id):
+        raise SocketError(
+            f"--instance-id {instance_id!r} must be 1-63 letters, digits, '-' or '_', starting with a letter or "
+            "digit (a pod UID from the downward API's metadata.uid fits)"
+        )
+
+
 @dataclass(frozen=True)
 class SocketPaths:
-    """Where kubelet expects a DRA driver's sockets under a kubelet root directory."""
+    """Where kubelet expects a DRA driver's sockets under a kubelet root directory.
+
+    With an instance id both names carry it, so two plugin processes of one driver (the old and
+    the new pod of a surge rolling update) each have their own registration socket and endpoint:
+    kubelet (1.33+) keeps both registrations and routes calls to the newest connected one, and
+    when the old pod removes its sockets, only the old registration goes away.
+    """
 
     kubelet_dir: Path
     driver_name: str = DRIVER_NAME
+    instance_id: str = ""
 
     @property
     def registry_dir(self) -> Path:
@@ -64,10 +85,14 @@ class SocketPaths:
 
     @property
     def registration_socket(self) -> Path:
+        if self.instance_id:
+            return self.registry_dir / f"{self.driver_name}-{self.instance_id}-reg.sock"
         return self.registry_dir / f"{self.driver_name}-reg.sock"
 
     @property
     def dra_socket(self) -> Path:
+        if self.instance_id:
+            return self.plugin_dir / f"dra-{self.instance_id}.sock"
         return self.plugin_dir / "dra.sock"
 
     def validate(self) -> None:
@@ -75,12 +100,13 @@ class SocketPaths:
         if not self.kubelet_dir.is_absolute():
             # kubelet resolves the GetInfo endpoint in its own working directory; only absolute paths are safe.
             raise SocketError(f"--kubelet-dir must be an absolute path, got {str(self.kubelet_dir)!r}")
+        check_instance_id(self.instance_id)
         for path in (self.registration_socket, self.dra_socket):
             longest = max(len(os.fsencode(path)), len(os.fsencode(_bind_path_example(path))))
             if longest > UNIX_PATH_MAX:
                 raise SocketError(
                     f"socket path {path} needs {longest} bytes, over the {UNIX_PATH_MAX}-byte "
-                    "limit of unix sockets: use a shorter --kubelet-dir"
+                    "limit of unix sockets: use a shorter --kubelet-dir (or --instance-id)"
                 )
 
 
@@ -213,3 +239,47 @@ class UnixSocketServer:
         except FileNotFoundError:
             pass
         log.info("grpc server stopped", server=self.name, socket=str(self.path))
+
+
+def remove_dead_sockets(paths: SocketPaths) -> list[Path]:
+    """Remove this driver's sockets that nobody listens on any more; returns what was removed.
+
+    With per-instance names, an instance that was killed (no SIGTERM, so no clean-up of its own)
+    leaves its two sockets behind for good: a new pod has a new UID. kubelet would keep retrying
+    the registration socket, at every kubelet restart too. Only sockets named like this driver's
+    (any instance id, or none) that refuse a connection are removed: a live instance accepts one,
+    from the moment its socket is renamed into place, since it listens before the rename.
+    """
+    candidates = [
+        *paths.registry_dir.glob(f"{paths.driver_name}-reg.sock"),
+        *paths.registry_dir.glob(f"{paths.driver_name}-*-reg.sock"),
+        *paths.plugin_dir.glob("dra.sock"),
+        *paths.plugin_dir.glob("dra-*.sock"),
+    ]
+    removed = []
+    for path in candidates:
+        if path in (paths.registration_socket, paths.dra_socket):
+            continue
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        if len(os.fsencode(path)) > UNIX_PATH_MAX or _accepts(path):
+            continue
+        path.unlink(missing_ok=True)
+        log.info("removed the socket of a plugin instance that is gone", path=str(path))
+        removed.append(path)
+    return removed
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True  # anything else (a full backlog, a timeout): assume alive
+        return True

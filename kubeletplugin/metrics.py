@@ -23,7 +23,8 @@ log = structlog.get_logger(__name__)
 # so the buckets stretch to kubelet's 45 s deadline.
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 45.0)
 
-PUBLISHER_STATES = ("starting", "synced", "retrying", "stopped")
+# standby: another plugin instance on the node (a rolling update's other pod) publishes
+PUBLISHER_STATES = ("starting", "synced", "retrying", "standby", "stopped")
 
 HealthCheck = Callable[[], tuple[bool, str]]
 
@@ -125,7 +126,7 @@ class _PublisherCollector(Collector):
             return
         state = GaugeMetricFamily(
             "tessera_plugin_publisher_state",
-            "ResourceSlice publisher state: 1 for the current one (starting|synced|retrying|stopped).",
+            "ResourceSlice publisher state: 1 for the current one (starting|synced|retrying|standby|stopped).",
             labels=["state"],
         )
         for name in PUBLISHER_STATES:

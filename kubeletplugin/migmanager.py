@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import threading
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import structlog
 from driver.cdi import write_atomic
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu
+from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +76,8 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.lock = threading.RLock()
+        # both instances of a rolling update create and destroy instances through this journal
+        self.lock = SharedFileLock(path)
 
     def load(self) -> list[CreatedMig]:
         try:

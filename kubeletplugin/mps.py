@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
+from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
 
@@ -320,7 +320,7 @@ class FakeMpsControl:
     def __init__(self, state_dir: Path, *, fail_start: bool = False) -> None:
         self.state_dir = state_dir
         self.fail_start = fail_start
-        self._lock = threading.Lock()
+        self._lock = SharedFileLock(self.registry)
 
     @property
     def registry(self) -> Path:

@@ -1,7 +1,8 @@
 """The node agent's wiring: inventory -> slices -> publisher, DeviceState, gRPC servers, health, metrics.
 
 Start order matters to kubelet:
-1. publish the node's ResourceSlices (in the background; apiserver trouble is retried, never fatal);
+1. publish the node's ResourceSlices (in the background; apiserver trouble is retried, never fatal),
+   or, while another instance of a rolling update publishes them, stand by to take over;
 2. DeviceState.recover(): bring the node in line with the checkpoint before any call can arrive;
 3. the DRA socket (v1, v1beta1, health) serves;
 4. only then the registration socket appears: kubelet dials the endpoint right after GetInfo;
@@ -13,6 +14,7 @@ calls here, then the health streams end, then the DRA server drains its calls wi
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from driver.kubeapi import KubeAPI
 from driver.model import Inventory
 from driver.shutdown import restore_handlers, stop_on_signals
 from kubeletplugin.draservice import DraService
-from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer
+from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer, remove_dead_sockets
 from kubeletplugin.health import (
     DRAResourceHealthServicer,
     FileHealthSource,
@@ -33,6 +35,7 @@ from kubeletplugin.health import (
     HealthBoard,
     device_names_from_slices,
 )
+from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
 
@@ -67,10 +70,12 @@ class PluginConfig:
     cleanup_on_exit: bool = False
     kubeconfig: str | None = None
     stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
+    # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
+    instance_id: str = ""
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir))
+        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir, instance_id=self.instance_id))
         if not self.node_name:
             raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")
         if self.simulate and self.nvml:
@@ -116,6 +121,7 @@ class KubeletPlugin:
         metrics: PluginMetrics | None = None,
         publisher: Publisher | None = None,
         health_resend_interval: float = 10.0,
+        handover_grace: float = 2.0,
     ) -> None:
         from driver.slices import build_slices
         from kubeletplugin.publisher import Publisher
@@ -144,6 +150,9 @@ class KubeletPlugin:
         self.metrics_server = MetricsServer(config.metrics_addr, self.metrics, self.healthz)
         self._publisher_started = False
         self._stopped = False
+        self.membership = InstanceMembership(config.state_dir, config.instance_id)
+        self.leadership = PublisherLeadership(config.state_dir, self._start_publisher, on_takeover=self._handover)
+        self.handover_grace = handover_grace
         self.metrics.watch_publisher(self._publisher_status)
         self.metrics.prepared_devices.set_function(self._prepared_device_count)
         self.health.add_listener(
@@ -154,13 +163,14 @@ class KubeletPlugin:
     def start(self) -> None:
         """Publisher, recovery, DRA socket, registration socket, metrics; on failure, undoes what started."""
         try:
-            self.publisher.start()
-            self._publisher_started = True
+            self.membership.join()
+            self.leadership.start()
             report = self.state.recover()
             if report.failed:
                 log.error("some prepared claims could not be restored", failed=report.failed)
             if self.health_source is not None:
                 self.health_source.start()
+            remove_dead_sockets(self.config.socket_paths)
             self.dra_server.start()
             self.registration_server.start()
             self.metrics_server.start()
@@ -184,7 +194,10 @@ class KubeletPlugin:
         if self._stopped:
             return
         self._stopped = True
-        log.info("kubelet plugin stopping", cleanup_slices=self.config.cleanup_on_exit)
+        last = self.membership.leave()
+        cleanup = self.config.cleanup_on_exit and last
+        log.info("kubelet plugin stopping", cleanup_slices=cleanup, last_instance=last)
+        self.leadership.stop()
         self.registration_server.stop(0)
         self.health.close()
         self.dra_server.stop(self.config.stop_grace)
@@ -193,10 +206,12 @@ class KubeletPlugin:
             self.health_source.stop()
         if self._publisher_started:
             try:
-                self.publisher.stop(cleanup=self.config.cleanup_on_exit)
+                # another instance still serving keeps the slices (and takes over publishing them)
+                self.publisher.stop(cleanup=cleanup)
             except Exception as exc:
                 # Slices left behind are wiped by kubelet 30 s after the driver disappears.
                 log.error("cannot delete this node's ResourceSlices", error=str(exc))
+        self.leadership.release()
         self.metrics_server.stop()
         log.info("kubelet plugin stopped")
 
@@ -210,12 +225,43 @@ class KubeletPlugin:
             return False, "ResourceSlice publisher has not finished its first sync"
         if status.state == "stopped":
             return False, "ResourceSlice publisher stopped"
+        if status.state == "standby":
+            return True, "ok (publisher standby: another plugin instance on this node publishes)"
         return True, f"ok (publisher {status.state})"
+
+    def _start_publisher(self) -> None:
+        self.publisher.start()
+        self._publisher_started = True
+
+    def _handover(self) -> None:
+        """The other instance of a rolling update stopped publishing: once it is gone, recover again.
+
+        Its MPS daemons ran in its container and die with it, after this instance adopted them at
+        start; recovery restarts them (same pipe directory and limits) and rewrites any spec that
+        went missing. The grace lets the old container's processes die first: the kernel drops an
+        exiting process's locks before it kills the rest of its PID namespace.
+        """
+
+        def wait_then_recover() -> None:
+            while not self._stopped and self.membership.others():
+                time.sleep(0.2)
+            if self._stopped:
+                return
+            time.sleep(self.handover_grace)
+            if self._stopped:
+                return
+            report = self.state.recover_claims()
+            log.info("checked the node again after the other plugin instance left",
+                     mps_restarted=report.mps_restarted, specs_rewritten=report.specs_rewritten)  # fmt: skip
+
+        threading.Thread(target=wait_then_recover, name="tessera-handover", daemon=True).start()
 
     def _publisher_status(self) -> PublisherStatus:
         p = self.publisher
         if self._stopped:
             state = "stopped"
+        elif not self._publisher_started:
+            state = "standby"
         elif p.last_sync_ok is None:
             state = "starting"
         else:

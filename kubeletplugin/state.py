@@ -61,6 +61,7 @@ from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, Gp
 from kubeletplugin.fsguard import require_private_dir
 from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
 from kubeletplugin.mps import MpsControl, MpsDaemon, MpsError, limit_mib, mps_paths
+from kubeletplugin.nodelocks import ClaimLocks
 from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 
@@ -159,6 +160,8 @@ class DeviceState:
         # a simulated node has no /dev/nvidia* for the runtime to copy, so its specs carry the numbers
         self.device_numbers = SIMULATED_DEVICE_NUMBERS if inventory.source.startswith("simulated") else None
         self.store = CheckpointStore(state_dir)
+        # the other instance of a rolling update prepares on the same node from the same checkpoint
+        self.claim_locks = ClaimLocks(state_dir)
         self._locks: dict[str, _LockSlot] = {}
         self._locks_guard = threading.Lock()
         # temp files older than this agent were left by a killed one (a write of its own is younger)
@@ -169,16 +172,21 @@ class DeviceState:
         require_private_dir(cdi_dir, "--cdi-dir")
 
     @contextlib.contextmanager
-    def _claim_lock(self, uid: str) -> Iterator[None]:
-        """Hold the claim's lock. A claim's lock lives only while someone holds or waits for it, so the
-        table stays as small as the number of claims in flight (kubelet may name any number of UIDs)."""
+    def _claim_lock(self, uid: str, *, across_instances: bool = True) -> Iterator[None]:
+        """Hold the claim's lock, in this process and (unless the caller holds the node lock) on the node.
+
+        Threads queue on the in-process lock first, so each process holds at most one file lock per
+        claim. Whoever holds it reads the claim's checkpoint entry afresh, so a claim the other
+        instance prepared meanwhile is answered from its entry, never prepared twice.
+        A claim's in-process lock lives only while someone holds or waits for it, so the table stays
+        as small as the number of claims in flight (kubelet may name any number of UIDs)."""
         with self._locks_guard:
             slot = self._locks.get(uid)
             if slot is None:
                 slot = self._locks[uid] = _LockSlot()
             slot.users += 1
         try:
-            with slot.lock:
+            with slot.lock, self.claim_locks.claim(uid) if across_instances else contextlib.nullcontext():
                 yield
         finally:
             with self._locks_guard:
@@ -495,23 +503,52 @@ class DeviceState:
         return self.store.load()
 
     def recover(self) -> RecoveryReport:
-        """Bring the node in line with the checkpoint after a start; see the module docstring."""
+        """Bring the node in line with the checkpoint after a start; see the module docstring.
+
+        It holds the node-wide claim lock: the other instance of a rolling update may be serving
+        calls, and a PrepareStarted entry or a spec without an entry is only abandoned when no
+        prepare is under way anywhere on the node; meanwhile, that instance's calls wait.
+        """
+        with self.claim_locks.node():
+            return self._recover()
+
+    def _recover(self) -> RecoveryReport:
         report = RecoveryReport()
-        for uid, entry in self.store.load().items():
-            with self._claim_lock(uid):
+        self._recover_claims(report, across_instances=False)
+        self._remove_orphans(report)
+        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
+        return report
+
+    def recover_claims(self) -> RecoveryReport:
+        """recover() for the checkpoint's claims only, each under its own node-wide claim lock.
+
+        For a running instance (the other one of a rolling update just left): calls for other
+        claims go on meanwhile, which the node lock of a full recover() would hold up while MPS
+        daemons restart. Orphans (files no entry owns) wait for the next start.
+        """
+        report = RecoveryReport()
+        self._recover_claims(report, across_instances=True)
+        log.info("claims recovered", **{k: v for k, v in report.__dict__.items() if v})
+        return report
+
+    def _recover_claims(self, report: RecoveryReport, *, across_instances: bool) -> None:
+        for uid in self.store.load():
+            with self._claim_lock(uid, across_instances=across_instances):
+                # read again under the lock: a call may have changed or dropped it meanwhile
+                entry = self.store.get(uid)
+                if entry is None:
+                    continue
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
                         self._restore(entry, report)
                     else:
+                        # nobody is preparing it (we hold its lock): an abandoned attempt
                         self._teardown(entry)
                         self.store.drop(uid)
                         report.rolled_back.append(uid)
                 except Exception as exc:
                     log.exception("recovery of a claim failed", claim_uid=uid)
                     report.failed[uid] = str(exc)
-        self._remove_orphans(report)
-        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
-        return report
 
     def _restore(self, entry: ClaimEntry, report: RecoveryReport) -> None:
         """A completed claim's MIG instances, CDI spec, time slices and MPS daemon, as prepare made them.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +18,7 @@ import structlog
 
 from driver.cdi import write_atomic
 from driver.config import TIME_SLICE_INTERVALS
+from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +72,7 @@ class RecordingTimeSlicer:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "fake-timeslice.json"
-        self._lock = threading.Lock()
+        self._lock = SharedFileLock(self.path)
 
     def intervals(self) -> dict[str, str]:
         try:

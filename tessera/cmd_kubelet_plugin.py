@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /metrics and /healthz here (default: %(default)s)",
     )
     parser.add_argument(
+        "--instance-id", default="", metavar="ID",
+        help="unique per plugin process (in a DaemonSet: the pod UID); names this process's registration and DRA "
+        "sockets so that an upgrade can start the new pod before the old one stops (default: fixed socket names)",
+    )
+    parser.add_argument(
         "--cleanup-on-exit", action="store_true",
         help="delete this node's ResourceSlices on SIGTERM (uninstall); by default they stay for the next start",
     )
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             metrics_addr=args.metrics_addr,
             cleanup_on_exit=args.cleanup_on_exit,
             kubeconfig=args.kubeconfig,
+            instance_id=args.instance_id,
         )
     except PluginConfigError as exc:
         structlog.get_logger(__name__).error("invalid kubelet-plugin flags", error=str(exc))

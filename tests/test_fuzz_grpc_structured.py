@@ -116,7 +116,7 @@ def snapshot(*dirs: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for d in dirs:
         for p in sorted(d.rglob("*")):
-            if not p.is_file() or p.name == "checkpoint.lock":
+            if not p.is_file() or p.name.endswith(".lock"):  # locks hold no state
                 continue
             if p.name == "checkpoint.json":
                 out[str(p)] = json.loads(p.read_bytes())["claims"]

@@ -59,6 +59,7 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     "nvidia.com/gpu answered by tessera": ["extendedResources.nvidiaGpu=true"],
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
     "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
+    "upgrades without overlap": ["kubeletPlugin.surgeUpgrade=false"],
 }
 
 
@@ -313,9 +314,23 @@ def test_plugin_flags_follow_values(tools, sets, present, absent):
         assert flag not in args
 
 
-def test_plugin_rollout_never_overlaps_two_plugins_on_a_node(tools):
-    strategy = one(render(tools, "kubeletPlugin.maxUnavailable=10%"), "DaemonSet")["spec"]["updateStrategy"]
-    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"}}
+def test_plugin_rollout_starts_the_new_pod_before_stopping_the_old_one(tools):
+    ds = one(render(tools), "DaemonSet")
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # the two pods on a node need their own sockets: the instance id is the pod's UID
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "--instance-id=$(POD_UID)" in container["args"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # and share the node's checkpoint, CDI and socket directories
+    kinds = {v["name"]: v.get("hostPath", {}).get("path") for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert {"plugins-registry", "plugin-dir", "cdi", "state"} <= {k for k, path in kinds.items() if path}
+
+
+def test_plugin_rollout_without_surge_stops_the_old_pod_first(tools):
+    strategy = one(render(tools, "kubeletPlugin.surgeUpgrade=false"), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
 def test_plugin_node_selector_and_tolerations_target_gpu_nodes_and_can_be_cleared(tools):
@@ -760,7 +775,8 @@ def test_workload_selectors_match_their_pod_labels_and_not_each_other(tools):
         (["kubeletPlugin.kubeletDir=var/lib/kubelet"], ["/kubeletPlugin/kubeletDir"]),
         (["kubeletPlugin.cdiDir="], ["/kubeletPlugin/cdiDir"]),
         (["kubeletPlugin.simulate=DGX H100"], ["/kubeletPlugin/simulate"]),
-        (["kubeletPlugin.maxUnavailable=0"], ["/kubeletPlugin/maxUnavailable"]),
+        (["kubeletPlugin.maxUnavailable=1"], ["/kubeletPlugin", "'maxUnavailable' not allowed"]),
+        (["kubeletPlugin.surgeUpgrade=maybe"], ["/kubeletPlugin/surgeUpgrade"]),
         (["controller.replicas=0"], ["/controller/replicas", "want 1"]),
         (["webhook.timeoutSeconds=45"], ["/webhook/timeoutSeconds"]),
         (["kubeletPlugin.metricsPort=70000"], ["/kubeletPlugin/metricsPort"]),

@@ -552,6 +552,7 @@ def test_metrics_port_in_use_exits_1_and_leaves_no_sockets(root: Path) -> None:
     [
         (["--metrics-addr", "nowhere"], "--metrics-addr must be HOST:PORT"),
         (["--kubelet-dir", "/" + "k" * 100], "shorter --kubelet-dir"),
+        (["--instance-id", "../pod"], "--instance-id '../pod' must be 1-63 letters"),
     ],
 )
 def test_invalid_flags_exit_2_with_the_reason(root: Path, capsys: pytest.CaptureFixture[str], flags: list[str],

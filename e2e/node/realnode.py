@@ -372,12 +372,14 @@ class RealNode:
         wait_for(healthy, timeout=timeout, interval=0.5,
                  what=f"kubelet of {self.name} /healthz (log {kubelet.log_path})")
 
-    def plugin_argv(self) -> list[str]:
-        self.ports.setdefault("metrics", free_port())
-        return [*self.enter(), sys.executable, "-m", "tessera", "--log-format=json", "kubelet-plugin",
+    def plugin_argv(self, instance_id: str = "") -> list[str]:
+        """The DaemonSet's flags; with an instance id (the chart passes the pod UID), its own sockets and port."""
+        port = self.ports.setdefault(f"metrics-{instance_id}" if instance_id else "metrics", free_port())
+        argv = [*self.enter(), sys.executable, "-m", "tessera", "--log-format=json", "kubelet-plugin",
                 f"--node-name={self.name}", f"--simulate={self.profile}", f"--kubeconfig={self.kubeconfig}",
                 f"--kubelet-dir={KUBELET_DIR}", f"--cdi-dir={CDI_DIR}", f"--state-dir={STATE_DIR}",
-                f"--mig-strategy={self.mig_strategy}", f"--metrics-addr=127.0.0.1:{self.ports['metrics']}"]
+                f"--mig-strategy={self.mig_strategy}", f"--metrics-addr=127.0.0.1:{port}"]
+        return [*argv, f"--instance-id={instance_id}"] if instance_id else argv
 
     def registrations(self) -> int:
         """How many times kubelet's plugin watcher has registered tessera on this node."""
@@ -397,6 +399,16 @@ class RealNode:
         plugin = self.plugin
         wait_for(lambda: plugin.alive_and(lambda: self.registrations() > before), timeout=timeout,
                  what=f"kubelet on {self.name} to register tessera's plugin (log {plugin.log_path})")
+
+    def start_instance(self, instance_id: str, *, timeout: float = 60.0) -> ManagedProcess:
+        """One more plugin process beside any running one, as a rolling update's new pod; returns once
+        kubelet registered it (it does not replace `self.plugin`)."""
+        before = self.registrations()
+        proc = ManagedProcess(f"plugin-{self.name}-{instance_id}", self.plugin_argv(instance_id),
+                              self.work_dir / "logs" / f"plugin-{instance_id}.log", env=self._env()).start()
+        wait_for(lambda: proc.alive_and(lambda: self.registrations() > before), timeout=timeout,
+                 what=f"kubelet on {self.name} to register plugin instance {instance_id} (log {proc.log_path})")
+        return proc
 
     # ---- what a user would look at
 
