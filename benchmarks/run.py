@@ -45,6 +45,8 @@ class Params:
     cluster: bool
     cluster_claims: int
     scheduling_pods: int
+    podstart_rounds: int
+    podstart_burst: int
     warmup_s: float
     window_s: float
     round_trips: int
@@ -53,12 +55,14 @@ class Params:
 FULL = Params(
     floor_iterations=500, claims=200, burst=64, concurrency=prepare_bench.CONCURRENCY, wipes=5,
     admission_sizes=admission_bench.SIZES, admission_repeat=100, cel_seconds=2.0, cel_copies=20, cel_heavy=True,
-    cluster=True, cluster_claims=100, scheduling_pods=200, warmup_s=5.0, window_s=10.0, round_trips=50,
+    cluster=True, cluster_claims=100, scheduling_pods=200, podstart_rounds=20, podstart_burst=100,
+    warmup_s=5.0, window_s=10.0, round_trips=50,
 )
 QUICK = Params(
     floor_iterations=50, claims=10, burst=8, concurrency=prepare_bench.CONCURRENCY, wipes=1,
     admission_sizes=(10, 1_000), admission_repeat=10, cel_seconds=0.2, cel_copies=5, cel_heavy=False,
-    cluster=False, cluster_claims=5, scheduling_pods=20, warmup_s=1.0, window_s=2.0, round_trips=5,
+    cluster=False, cluster_claims=5, scheduling_pods=20, podstart_rounds=2, podstart_burst=10,
+    warmup_s=1.0, window_s=2.0, round_trips=5,
 )
 
 
@@ -145,6 +149,16 @@ def run_cluster(params: Params, report: Report, floor: Summary) -> None:
             controller, wire = footprint.controller_footprint(plane, params.warmup_s, params.window_s,
                                                               params.round_trips)
             add(footprint.render([plugin, controller], baseline, wire))
+
+    from benchmarks import podstart_bench
+    from e2e.node.realnode import real_node_unavailable
+
+    with report.section("Pod start-up on a real node (kubelet v1.36.3 + containerd)") as add:
+        reason = real_node_unavailable()
+        if reason:
+            add(f"skipped: {reason}")
+        else:
+            add(podstart_bench.render(*podstart_bench.run(params.podstart_rounds, params.podstart_burst)))
 
     with controlplane.control_plane(client_qps=TUNED_QPS) as plane, \
             report.section("Scheduling through tessera's slices, client rate limits raised") as add:

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from e2e.kube import ADMIN_TOKEN, Kube, Obj, load_manifests
+from e2e.node.realnode import RealNode, clean_stale_nodes, node_binaries
 from e2e.pki import Pki, write_service_account_key
 from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
 
@@ -386,6 +387,10 @@ class NodeSpec:
     name: str
     profile: str
     mig_strategy: str = "static"
+    # A real kubelet + containerd node (e2e/node) instead of a fake Node with the kubelet stand-in.
+    real: bool = False
+    # Node taints kubelet registers the node with (`key=value:Effect`), e.g. to keep other pods off it.
+    taints: tuple[str, ...] = ()
 
 
 DEFAULT_CLASS: Obj = {
@@ -403,8 +408,11 @@ class Cluster:
     with_controller: bool = True
     control_plane: ControlPlane | None = None
     agents: dict[str, NodeAgent] = field(default_factory=dict)
+    real_nodes: dict[str, RealNode] = field(default_factory=dict)
     controller: Controller | None = None
     controller_skip_reason: str = ""
+    # Real nodes that outlive this process (the demo) are owned by the apiserver: stale once it is gone.
+    detached: bool = False
 
     @property
     def kube(self) -> Kube:
@@ -419,7 +427,8 @@ class Cluster:
     def start(self) -> Cluster:
         self.control_plane = ControlPlane(self.work_dir, self.harness, older_cluster=self.older_cluster)
         kube = self.control_plane.start()
-        for spec in self.nodes:
+        stand_ins = [spec for spec in self.nodes if not spec.real]
+        for spec in stand_ins:
             create_fake_node(kube, spec.name)
         self.apply_device_classes()
         if self.with_controller:
@@ -427,7 +436,7 @@ class Cluster:
             if not self.controller_skip_reason:
                 self.controller = Controller(self.work_dir, self.kubeconfig, self.control_plane.pki)
                 self.controller.start(kube)
-        for spec in self.nodes:
+        for spec in stand_ins:
             agent = NodeAgent(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, self.harness,
                               self.kubeconfig, spec.mig_strategy)
             self.agents[spec.name] = agent
@@ -435,6 +444,17 @@ class Cluster:
             agent.start_kubelet()
         for agent in self.agents.values():
             agent.start_plugin()
+        real = [spec for spec in self.nodes if spec.real]
+        if real:
+            clean_stale_nodes()
+            bins = node_binaries()
+            for spec in real:
+                node = RealNode(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, bins, self.kubeconfig,
+                                spec.mig_strategy, taints=spec.taints)
+                if self.detached and self.control_plane is not None:
+                    node.owner = self.control_plane.processes["apiserver"].pid
+                self.real_nodes[spec.name] = node
+                node.start()
         return self
 
     def apply_device_classes(self) -> list[str]:
@@ -451,6 +471,8 @@ class Cluster:
             procs.append(self.controller.process)
         for agent in self.agents.values():
             procs.extend(agent.logs())
+        for node in self.real_nodes.values():
+            procs.extend(node.logs())
         return procs
 
     def diagnostics(self, lines: int = 30) -> str:
@@ -461,6 +483,8 @@ class Cluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
+        for node in self.real_nodes.values():
+            node.stop()
         for agent in self.agents.values():
             agent.stop()
         if self.controller:

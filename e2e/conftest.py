@@ -18,7 +18,10 @@ import pytest
 
 from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
 from e2e.kube import Kube
+from e2e.node.hermetic import differences, machine_snapshot
+from e2e.node.realnode import RealNode, real_node_unavailable
 from e2e.processes import REPO, stop_leftovers
+from e2e.realpods import REAL_NODE_TAINT
 from e2e.workloads import delete_pods, ensure_namespace
 
 DGX = "e2e-dgx"
@@ -32,7 +35,20 @@ NODES = [
     NodeSpec(MIG, str(REPO / "e2e" / "profiles" / "one-h100-mig.yaml"), "dynamic"),
 ]
 
+# Real kubelet v1.36.3 + containerd nodes (e2e/node), where this machine can run them.
+REAL_A100 = "real-a100"
+REAL_DGX = "real-dgx"
+REAL_NODE_SKIP = real_node_unavailable()
+# Tainted so that the stand-in scenarios' unpinned pods (which never start a container) stay off
+# them; the real-node probe pods tolerate it (e2e/realpods.py).
+REAL_NODES = [] if REAL_NODE_SKIP else [
+    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True, taints=(REAL_NODE_TAINT,)),
+    # Dynamic MIG: whole GPUs and MIG instances made at prepare, on one kind of node.
+    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True, taints=(REAL_NODE_TAINT,)),
+]
+
 _state: dict[str, Cluster] = {}
+MACHINE_BEFORE: dict[str, list[str]] = {}
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -72,9 +88,11 @@ def work_dir() -> Iterator[Path]:
 def cluster(work_dir: Path) -> Iterator[Cluster]:
     """The control plane, tessera's DeviceClasses and controller, and the three fake GPU nodes."""
     reason = plugin_available()
-    nodes = NODES if not reason else []
+    nodes = NODES + REAL_NODES if not reason else []
     c = Cluster(work_dir / "cluster", nodes)
     _state["cluster"] = c
+    # Taken before any real node starts: what the machine must look like again once they are gone.
+    MACHINE_BEFORE.update(machine_snapshot())
     try:
         c.start()
     except Exception:
@@ -83,6 +101,16 @@ def cluster(work_dir: Path) -> Iterator[Cluster]:
         raise
     yield c
     c.stop()
+    if REAL_NODES:
+        left = differences(MACHINE_BEFORE, machine_snapshot())
+        assert not left, f"the e2e session's real nodes left this on the machine: {left}"
+
+
+@pytest.fixture
+def machine_before(cluster: Cluster) -> dict[str, list[str]]:
+    """The machine as it was before the session's real nodes started (e2e/node/hermetic.py)."""
+    del cluster
+    return MACHINE_BEFORE
 
 
 @pytest.fixture
@@ -110,6 +138,24 @@ def a100(cluster: Cluster) -> NodeAgent:
 @pytest.fixture
 def mig_node(cluster: Cluster) -> NodeAgent:
     return _agent(cluster, MIG)
+
+
+def _real(cluster: Cluster, name: str) -> RealNode:
+    if REAL_NODE_SKIP:
+        pytest.skip(f"no real node on this machine: {REAL_NODE_SKIP}")
+    if plugin_available():
+        pytest.skip(plugin_available())
+    return cluster.real_nodes[name]
+
+
+@pytest.fixture
+def real_a100(cluster: Cluster) -> RealNode:
+    return _real(cluster, REAL_A100)
+
+
+@pytest.fixture
+def real_dgx(cluster: Cluster) -> RealNode:
+    return _real(cluster, REAL_DGX)
 
 
 @pytest.fixture

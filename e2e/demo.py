@@ -1,10 +1,12 @@
 """`make demo`: a local control plane with two simulated GPU nodes running tessera, and example claims.
 
-    python -m e2e.demo up     # start (building the harness if needed), run examples, print a table
-    python -m e2e.demo down   # stop everything started by `up`
+    python -m e2e.demo up     # start (building the harness and node components if needed), run examples
+    python -m e2e.demo down   # stop everything started by `up`, and check the machine is as it was
 
 State lives under ./.demo/ (kubeconfig, logs, CDI specs, the pids of the detached processes).
-Nodes: `demo-dgx` (dgx-h100-8, dynamic MIG) and `demo-a100` (a100-pcie-4, static).
+Nodes: `demo-dgx` (dgx-h100-8, dynamic MIG) and `demo-a100` (a100-pcie-4, static), each a real
+kubelet v1.36.3 + containerd 2 node (e2e/node) whose containers print what they were given. Where a
+real node cannot run (not root, no overlayfs), the demo says why and uses the kubelet stand-in.
 """
 
 from __future__ import annotations
@@ -20,37 +22,58 @@ import time
 from functools import partial
 
 from e2e.cluster import DRIVER, Cluster, NodeSpec
+from e2e.kube import Kube, Obj
+from e2e.node.hermetic import differences, machine_snapshot
+from e2e.node.realnode import kill_node, real_node_unavailable
 from e2e.processes import REPO, ClusterError, wait_for
+from e2e.realpods import StartedPod, probe_pod, wait_reported
 from e2e.workloads import (
-    RunningPod,
     claim_spec,
     claim_template,
     consumed_memory,
     ensure_namespace,
     parse_quantity,
     pod,
+    pod_claim_name,
     request,
     slices_of,
+    spread_config,
     wait_running,
 )
 
 DEMO_DIR = REPO / ".demo"
 PIDS = DEMO_DIR / "pids.json"
+MACHINE_BEFORE = DEMO_DIR / "machine-before.json"
 NAMESPACE = "demo"
-NODES = [NodeSpec("demo-dgx", "dgx-h100-8", "dynamic"), NodeSpec("demo-a100", "a100-pcie-4", "static")]
+DGX, A100 = "demo-dgx", "demo-a100"
 GiB = 1024**3
+TIME_SLICING = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+    "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
 
-# (pod, what it shows, claim spec, node it is pinned to or None). The two shares are pinned to one
-# node so that the scheduler's first-fit puts them on the same card.
-EXAMPLES = [
-    ("whole-gpu", "Whole GPU", claim_spec(request()), None),
-    ("nvlink-pair", "2 GPUs on one NVLink island", claim_spec(request(count=2), same_island=True), None),
-    ("share-10gi", "10 GiB memory share (MPS)", claim_spec(request(memory="10Gi")), "demo-a100"),
-    ("share-10gi-b", "another 10 GiB share", claim_spec(request(memory="10Gi")), "demo-a100"),
+# (pod, what it shows, claim spec, node it is pinned to, its containers). Every example is pinned,
+# so the two shares land on one card (first fit) and the table reads the same on every run.
+EXAMPLES: list[tuple[str, str, Obj, str, list[str]]] = [
+    ("whole-gpu", "Whole GPU", claim_spec(request()), DGX, ["cuda"]),
+    ("nvlink-pair", "2 GPUs on one NVLink island", claim_spec(request(count=2), same_island=True), A100, ["cuda"]),
+    ("share-10gi", "10 GiB memory share (MPS)", claim_spec(request(memory="10Gi")), A100, ["cuda"]),
+    ("share-10gi-b", "another 10 GiB share", claim_spec(request(memory="10Gi")), A100, ["cuda"]),
+    ("spread-12gi", "12Gi across 4 cards (3Gi each)",
+     claim_spec(request("gpu", count=4), config=spread_config("12Gi", requests=("gpu",))), DGX, ["cuda"]),
     ("mig-1g", "MIG 1g.10gb (dynamic)", claim_spec(request(
         "gpu", device_class=f"mig.{DRIVER}", selectors=[f'device.attributes["{DRIVER}"].profile == "1g.10gb"'])),
-     None),
+     DGX, ["cuda"]),
+    ("time-sliced", "1 GPU time-sliced by 2 containers",
+     claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=TIME_SLICING), A100, ["trainer", "sidecar"]),
 ]
+
+
+def demo_nodes() -> tuple[list[NodeSpec], str]:
+    """Real nodes where this machine can run them, else the stand-in and the reason why not."""
+    reason = real_node_unavailable()
+    real = not reason
+    nodes = [NodeSpec(DGX, "dgx-h100-8", "dynamic", real=real), NodeSpec(A100, "a100-pcie-4", "static", real=real)]
+    return nodes, reason
 
 
 def _alive(pid: int) -> bool:
@@ -68,6 +91,8 @@ def down() -> int:
         print("no demo is running (no .demo/pids.json)")
         return 0
     pids = json.loads(PIDS.read_text())
+    for node in pids.get("realNodes", []):
+        kill_node(node["holder"], node["cgroup"])
     # Reverse start order: node agents first, the apiserver and etcd last.
     for entry in reversed(pids["processes"]):
         if _alive(entry["pid"]):
@@ -86,20 +111,19 @@ def down() -> int:
         shutil.rmtree(path, ignore_errors=True)
     PIDS.unlink()
     print(f"demo stopped; logs kept under {DEMO_DIR}")
+    if MACHINE_BEFORE.exists():
+        left = differences(json.loads(MACHINE_BEFORE.read_text()), machine_snapshot())
+        MACHINE_BEFORE.unlink()
+        if left:
+            print("the machine differs from before the demo:\n  " + "\n  ".join(left))
+            return 1
+        print("the machine is as it was before `make demo` (/, /opt, /var/lib, /var/log, /etc/cni, /run, "
+              "mounts, cgroups, iptables, node processes)")
     return 0
 
 
-def _row(running: RunningPod, what: str, memory_of: dict[tuple[str, str], int]) -> list[str]:
-    per_card = []
-    for r in running.results:
-        used = consumed_memory(r) or memory_of.get((running.node, r["device"]), 0)
-        per_card.append(f"{used / GiB:.1f}Gi")
-    return [running.pod["metadata"]["name"], what, running.node, ",".join(running.devices), ",".join(per_card),
-            "\n".join(running.cdi_ids)]
-
-
-def _table(rows: list[list[str]]) -> str:
-    header = ["POD", "EXAMPLE", "NODE", "DEVICES", "MEMORY/CARD", "CDI IDS"]
+def _table(rows: list[list[str]], last: str) -> str:
+    header = ["POD", "EXAMPLE", "NODE", "DEVICES", "MEMORY/CARD", last]
     widths = [max(len(header[i]), *(len(line) for r in rows for line in r[i].splitlines() or [""]))
               for i in range(len(header))]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
@@ -110,6 +134,59 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def _short(ids: list[str]) -> str:
+    return ",".join(i[:12] for i in ids)
+
+
+def _seen_inside(started: StartedPod) -> str:
+    """What each container printed about itself, a few lines per container."""
+    lines = []
+    for name, view in started.views.items():
+        gpu_nodes = [d.removeprefix("/dev/") for d in view.devices if d[len("/dev/nvidia"):][:1].isdigit()
+                     or d.startswith("/dev/nvidia-caps/")]
+        lines.append(f"{name}: CUDA_VISIBLE_DEVICES={_short(view.visible)}")
+        lines.append(f"  /dev: {' '.join(gpu_nodes) or '-'}" + (f"  MPS pipe: {view.mps_dir}" if view.mps_dir else ""))
+    return "\n".join(lines)
+
+
+def _claim_results(kube: Kube, pod_obj: Obj) -> tuple[str, list[Obj]]:
+    name = pod_claim_name(pod_obj)
+    assert name, f"pod {pod_obj['metadata']['name']} has no resolved claim"
+    results: list[Obj] = kube.get("ResourceClaim", name, NAMESPACE)["status"]["allocation"]["devices"]["results"]
+    return pod_obj["spec"]["nodeName"], results
+
+
+def _memory_cells(node: str, results: list[Obj], memory_of: dict[tuple[str, str], int]) -> str:
+    return ",".join(f"{(consumed_memory(r) or memory_of.get((node, r['device']), 0)) / GiB:.1f}Gi" for r in results)
+
+
+def _run_examples(cluster: Cluster, memory_of: dict[tuple[str, str], int]) -> tuple[list[list[str]], list[str]]:
+    kube = cluster.kube
+    real = bool(cluster.real_nodes)
+    for name, _, spec, node, containers in EXAMPLES:
+        kube.apply(claim_template(name, NAMESPACE, spec))
+        if real:
+            kube.apply(probe_pod(name, NAMESPACE, node, templates={"gpu": name},
+                                 containers={c: ["gpu"] for c in containers}))
+        else:
+            kube.apply(pod(name, NAMESPACE, template=name, node=node))
+    rows, failures = [], []
+    for name, what, _, node, _ in EXAMPLES:
+        try:
+            if real:
+                started = wait_reported(kube, cluster.real_nodes[node], NAMESPACE, name, timeout=90)
+                on, results = _claim_results(kube, started.pod)
+                rows.append([name, what, on, ",".join(r["device"] for r in results),
+                             _memory_cells(on, results, memory_of), _seen_inside(started)])
+            else:
+                running = wait_running(kube, NAMESPACE, name, timeout=90)
+                rows.append([name, what, running.node, ",".join(running.devices),
+                             _memory_cells(running.node, running.results, memory_of), "\n".join(running.cdi_ids)])
+        except ClusterError as exc:
+            failures.append(f"{name} ({what}): {exc}")
+    return rows, failures
+
+
 def up() -> int:
     if PIDS.exists() and any(_alive(p["pid"]) for p in json.loads(PIDS.read_text())["processes"]):
         print(f"a demo is already running (kubeconfig {DEMO_DIR / 'cluster' / 'kubeconfig'}); `make demo-down` first")
@@ -117,8 +194,14 @@ def up() -> int:
     if DEMO_DIR.exists():
         shutil.rmtree(DEMO_DIR / "cluster", ignore_errors=True)
     DEMO_DIR.mkdir(exist_ok=True)
+    nodes, fallback = demo_nodes()
+    if fallback:
+        print(f"NOTICE: no real node on this machine ({fallback});\n"
+              "        the demo runs tessera behind the kubelet stand-in, and no container starts.")
+    else:
+        MACHINE_BEFORE.write_text(json.dumps(machine_snapshot()))
     started = time.monotonic()
-    cluster = Cluster(DEMO_DIR / "cluster", NODES)
+    cluster = Cluster(DEMO_DIR / "cluster", nodes, detached=True)
     try:
         cluster.start()
     except (ClusterError, OSError) as exc:
@@ -131,35 +214,32 @@ def up() -> int:
     cleanup += [str(a.kubelet_dir) for a in cluster.agents.values() if (a.work_dir / "kubelet").is_symlink()]
     PIDS.write_text(json.dumps({
         "processes": [{"name": p.name, "pid": p.pid} for p in cluster.processes()],
+        "realNodes": [{"name": n.name, "holder": n.holder.pid, "cgroup": n.cgroup_name}
+                      for n in cluster.real_nodes.values() if n.holder is not None],
         "cleanup": cleanup,
     }, indent=1))
-    print(f"control plane and {len(NODES)} nodes up in {time.monotonic() - started:.0f}s "
+    kind = "real kubelet v1.36.3 + containerd" if cluster.real_nodes else "kubelet stand-in"
+    print(f"control plane and {len(nodes)} nodes ({kind}) up in {time.monotonic() - started:.0f}s "
           f"(controller: {'on' if cluster.controller else 'off: ' + cluster.controller_skip_reason})")
 
     kube = cluster.kube
     ensure_namespace(kube, NAMESPACE)
     memory_of = {}
-    for node in NODES:
+    for node in nodes:
         wait_for(partial(slices_of, kube, node.name), timeout=30, what=f"slices of {node.name}")
         for s in slices_of(kube, node.name):
             for d in s["spec"].get("devices", []):
                 if "memory" in d.get("capacity", {}):
                     memory_of[(node.name, d["name"])] = parse_quantity(d["capacity"]["memory"]["value"])
-    for name, _, spec, pinned in EXAMPLES:
-        kube.apply(claim_template(name, NAMESPACE, spec))
-        kube.apply(pod(name, NAMESPACE, template=name, node=pinned))
-    rows, failures = [], []
-    for name, what, _, _ in EXAMPLES:
-        try:
-            rows.append(_row(wait_running(kube, NAMESPACE, name, timeout=90), what, memory_of))
-        except ClusterError as exc:
-            failures.append(f"{name} ({what}): {exc}")
+    rows, failures = _run_examples(cluster, memory_of)
     print()
-    print(_table(rows))
+    print(_table(rows, last="SEEN INSIDE THE CONTAINER" if cluster.real_nodes else "CDI IDS"))
     for f in failures:
         print(f"\nNOT RUNNING: {f}")
     kubectl = _kubectl_hint()
-    print(f"\nThe demo keeps running. kubeconfig: {cluster.kubeconfig}")
+    print(f"\nThe demo keeps running ({time.monotonic() - started:.0f}s to this table); "
+          f"kubeconfig: {cluster.kubeconfig}")
+    print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get nodes -o wide")
     print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get resourceslices,resourceclaims -A")
     print(f"logs: {cluster.work_dir}/logs and {cluster.work_dir}/nodes/*/   stop it with: make demo-down")
     # Detach: the processes live in their own sessions; leaving without stopping them keeps them up.

@@ -26,19 +26,12 @@ from e2e.workloads import (
     pod,
     request,
     slices_of,
+    spread_config,
     wait_running,
     wait_unschedulable,
 )
 
 UUID_CONSTRAINT = f"{DRIVER}/uuid"
-
-
-def spread_config(total: str, *, same_island: bool = False, requests: tuple[str, ...] = ("gpus",)) -> list[Any]:
-    sharing: dict[str, Any] = {"totalMemory": total}
-    if same_island:
-        sharing["sameNVLinkIsland"] = True
-    return [{"requests": list(requests), "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": sharing}}}]
 
 
 def uuids_by_device(cluster: Cluster, node: str) -> dict[str, str]:

@@ -39,6 +39,15 @@ def claim_spec(*requests: Obj, same_island: bool = False, config: list[Obj] | No
     return {"devices": devices}
 
 
+def spread_config(total: str, *, same_island: bool = False, requests: tuple[str, ...] = ("gpus",)) -> list[Obj]:
+    """A GpuConfig asking for `total` memory spread evenly over the request's `count` cards."""
+    sharing: Obj = {"totalMemory": total}
+    if same_island:
+        sharing["sameNVLinkIsland"] = True
+    return [{"requests": list(requests), "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": sharing}}}]
+
+
 def claim_template(name: str, namespace: str, spec: Obj) -> Obj:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": spec}}

@@ -142,7 +142,7 @@ def test_quick_run_without_a_cluster_writes_every_section(tmp_path: Path) -> Non
     tiny = bench_run.Params(
         floor_iterations=2, claims=1, burst=1, concurrency=(1, 2), wipes=1, admission_sizes=(10,), admission_repeat=1,
         cel_seconds=0.01, cel_copies=2, cel_heavy=False, cluster=False, cluster_claims=1, scheduling_pods=1,
-        warmup_s=0.0, window_s=0.1, round_trips=1,
+        podstart_rounds=1, podstart_burst=1, warmup_s=0.0, window_s=0.1, round_trips=1,
     )
     report = bench_run.Report()
     bench_run.run(tiny, report, None)
@@ -155,7 +155,18 @@ def test_cluster_parts_without_a_harness_are_refused() -> None:
     params = bench_run.Params(
         floor_iterations=1, claims=1, burst=1, concurrency=(1,), wipes=1, admission_sizes=(10,), admission_repeat=1,
         cel_seconds=0.01, cel_copies=2, cel_heavy=False, cluster=True, cluster_claims=1, scheduling_pods=1,
-        warmup_s=0.0, window_s=0.1, round_trips=1,
+        podstart_rounds=1, podstart_burst=1, warmup_s=0.0, window_s=0.1, round_trips=1,
     )
     with pytest.raises(SystemExit, match="TESSERA_HARNESS"):
         bench_run.run(params, bench_run.Report(), None)
+
+
+def test_pod_startup_report_gives_each_kind_against_the_no_claim_reference() -> None:
+    from benchmarks import podstart_bench
+
+    singles = {kind: summarize([100.0 * (i + 1)] * 3) for i, kind in enumerate(podstart_bench.KINDS)}
+    bursts = [podstart_bench.BurstResult("10 pods, no claim", 2000.0, summarize([900.0])),
+              podstart_bench.BurstResult("10 pods, a 1Gi share each", 3000.0, summarize([1500.0]))]
+    text = podstart_bench.render(singles, bursts)
+    assert "| whole GPU " in text and "2.00x" in text and "4.00x" in text  # 200/100 and 400/100
+    assert "| 10 pods, a 1Gi share each | 3000 " in text and "1.50x" in text

@@ -50,6 +50,7 @@ def test_every_proto_source_yields_messages_and_grpc_modules() -> None:
         "proto/dra/v1beta1/api.proto",
         "proto/drahealth/v1alpha1/api.proto",
         "proto/pluginregistration/v1/api.proto",
+        "proto/podresources/v1/api.proto",
     ]
     generated = {str(p) for p in generate.generated_files(generate.REPO_ROOT)}
     for src in sources:
@@ -212,3 +213,27 @@ def test_protos_equal_kubelets_own_on_the_wire(tmp_path: Path) -> None:
     for f in theirs:
         assert f.package in by_package, f"no tessera proto for package {f.package}"
         assert by_package[f.package] == f, f"{f.package} differs from {module.name}"
+
+
+def test_podresources_subset_matches_kubelets_fields(tmp_path: Path) -> None:
+    """The e2e PodResources client declares part of kubelet's API: every field it has is kubelet's."""
+    module = _kubelet_module()
+    if module is None:
+        pytest.skip("k8s.io/kubelet is not in the Go module cache (run `make harness` once to fill it)")
+    rel = "podresources/v1/api.proto"
+    target = tmp_path / "src" / rel
+    target.parent.mkdir(parents=True)
+    lines = (module / "pkg" / "apis" / rel).read_text().splitlines(keepends=True)
+    target.write_text("".join(line for line in lines if "gogo" not in line))
+    [theirs] = _descriptors(tmp_path / "src", [rel], tmp_path / "theirs.pb")
+    [ours] = _descriptors(generate.REPO_ROOT, ["proto/podresources/v1/api.proto"], tmp_path / "ours.pb")
+    assert ours.package == theirs.package
+    upstream = {m.name: {f.number: f for f in m.field} for m in theirs.message_type}
+    for message in ours.message_type:
+        assert message.name in upstream, f"kubelet has no message {message.name}"
+        for field in message.field:
+            assert upstream[message.name].get(field.number) == field, f"{message.name}.{field.name} differs"
+    services = {s.name: {m.name: m for m in s.method} for s in theirs.service}
+    for service in ours.service:
+        for method in service.method:
+            assert services[service.name][method.name] == method

@@ -1,0 +1,441 @@
+"""A real Kubernetes node on this machine: kubelet v1.36.3 + containerd 2 + runc, with tessera's plugin.
+
+Each node lives in its own mount namespace, held open by a `sleep` started under `unshare`. In it
+the node's own directories are bind-mounted over `/var/lib`, `/var/log`, `/run`, `/opt` and
+`/etc/hosts`, so kubelet, containerd, runc's shims and tessera's plugin use the very paths a real
+node and the Helm chart use (`/var/lib/kubelet`, `/var/run/cdi`, `/var/lib/tessera`) while
+everything they write lands under the node's work dir. The mounts are private: none is seen by the
+machine, and all of them vanish with the namespace. Pods get a cgroup parent of the node's own
+(`/tessera-e2e-<owner pid>-<node>`) so tear-down can find and kill every container process, even
+those left by an interrupted run, and remove the cgroup directories.
+
+Nothing here imports tessera: the plugin is started as a process with the DaemonSet's flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from e2e.node.images import PAUSE_IMAGE, build_images, import_images
+from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
+
+DRIVER = "gpu.tessera.dev"
+# Set in the namespace holder's environment: "<pid of the run that owns it>:<node work dir>".
+OWNER_ENV = "TESSERA_E2E_NODE"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PREFIX = "tessera-e2e-"
+# The node-side paths, exactly as the Helm chart's DaemonSet and a kubeadm node have them.
+KUBELET_DIR = "/var/lib/kubelet"
+CDI_DIR = "/var/run/cdi"
+STATE_DIR = "/var/lib/tessera"
+CONTAINERD_SOCK = "/run/containerd/containerd.sock"
+# Each inside path -> the node work dir's subdirectory mounted over it.
+# /run first, and with -n: util-linux records mounts in /run/mount/utab, which must be the node's own.
+_BIND = {"/run": "run", "/var/lib": "varlib", "/var/log": "varlog", "/opt": "opt"}
+
+
+class RealNodeUnavailable(RuntimeError):
+    """This machine cannot run a real node; the message says exactly why."""
+
+
+def real_node_unavailable() -> str:
+    """Empty when a real node can run here, else the reason (the demo falls back to the stand-in)."""
+    if os.geteuid() != 0:
+        return "a real node needs root (mount namespaces, runc, cgroups); run as root or use the kubelet stand-in"
+    for tool in ("unshare", "nsenter", "runc"):
+        if not any(os.access(Path(d) / tool, os.X_OK) for d in [*os.environ.get("PATH", "").split(":"), "/usr/sbin"]):
+            return f"`{tool}` is not installed (e2e/node/build.sh installs runc; unshare/nsenter are in util-linux)"
+    with open("/proc/filesystems") as f:
+        if "overlay" not in f.read():
+            return "the kernel has no overlay filesystem, which containerd's snapshotter needs"
+    if not (CGROUP_ROOT / "pids").is_dir() and not (CGROUP_ROOT / "cgroup.controllers").exists():
+        return f"no cgroup hierarchy under {CGROUP_ROOT}"
+    return ""
+
+
+def node_binaries() -> Path:
+    """kubelet, containerd, ctr, the runc shim and pause: $TESSERA_NODE_BIN, or built (cached) by build.sh."""
+    env = os.environ.get("TESSERA_NODE_BIN", "").strip()
+    if env:
+        path = Path(env)
+        if not os.access(path / "kubelet", os.X_OK):
+            raise ClusterError(f"TESSERA_NODE_BIN={env} has no kubelet binary")
+        return path
+    proc = subprocess.run(["bash", str(REPO / "e2e/node/build.sh"), "--print-path"], stdout=subprocess.PIPE,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise ClusterError(f"building the node components failed (rc={proc.returncode}); see the output above")
+    return Path(proc.stdout.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# cgroups and processes a node leaves behind
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return [CGROUP_ROOT]
+    return [p for p in sorted(CGROUP_ROOT.iterdir()) if p.is_dir() and not p.is_symlink()]
+
+
+def _kill_cgroup_tree(name: str) -> None:
+    """SIGKILL every process in the cgroup `name` (all hierarchies) and remove its directories."""
+    for _ in range(50):
+        alive = False
+        for hierarchy in _cgroup_hierarchies():
+            top = hierarchy / name
+            if not top.is_dir():
+                continue
+            for procs in top.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError):
+                    for pid in procs.read_text().split():
+                        alive = True
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+        if not alive:
+            break
+        time.sleep(0.1)
+    for hierarchy in _cgroup_hierarchies():
+        top = hierarchy / name
+        if top.is_dir():
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+
+
+def _mount_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return ""
+
+
+def _kill_namespace(holder_pid: int) -> None:
+    """SIGKILL every process still in the holder's mount namespace (shims, a stuck kubelet), then the holder."""
+    ns = _mount_namespace(holder_pid)
+    if not ns:
+        return
+    for _ in range(100):
+        members = [int(e.name) for e in Path("/proc").iterdir()
+                   if e.name.isdigit() and int(e.name) != holder_pid and _mount_namespace(int(e.name)) == ns]
+        if not members:
+            break
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(holder_pid, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_node(holder_pid: int, cgroup_name: str) -> None:
+    """Tear down a node from another process (`make demo-down`): its namespace, then its pods' cgroups."""
+    _kill_namespace(holder_pid)
+    _kill_cgroup_tree(cgroup_name)
+
+
+def clean_stale_nodes() -> list[str]:
+    """Tear down what an earlier, interrupted run left: namespaces and cgroups whose owner is gone."""
+    cleaned: list[str] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in environ:
+            if var.startswith(OWNER_ENV.encode() + b"="):
+                owner, _, node_dir = var.split(b"=", 1)[1].decode().partition(":")
+                if owner.isdigit() and not _pid_alive(int(owner)) and int(owner) != os.getpid():
+                    _kill_namespace(int(entry.name))
+                    cleaned.append(node_dir)
+    pattern = re.compile(re.escape(CGROUP_PREFIX) + r"(\d+)-")
+    for hierarchy in _cgroup_hierarchies():
+        for d in hierarchy.glob(CGROUP_PREFIX + "*"):
+            m = pattern.match(d.name)
+            if m and not _pid_alive(int(m.group(1))):
+                _kill_cgroup_tree(d.name)
+                cleaned.append(d.name)
+    return sorted(set(cleaned))
+
+
+# ---------------------------------------------------------------------------------------------
+# the node
+
+
+@dataclass
+class RealNode:
+    """kubelet + containerd + tessera's kubelet plugin for one node, in the node's mount namespace."""
+
+    name: str
+    profile: str
+    work_dir: Path
+    bins: Path
+    kubeconfig: Path
+    mig_strategy: str = "static"
+    taints: tuple[str, ...] = ()
+    holder: ManagedProcess | None = None
+    containerd: ManagedProcess | None = None
+    kubelet: ManagedProcess | None = None
+    plugin: ManagedProcess | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    # The run that owns the node: when this pid is gone, the next run's clean_stale_nodes() tears it down.
+    owner: int = field(default_factory=os.getpid)
+
+    # ---- paths
+
+    def host_path(self, inside: str) -> Path:
+        """Where a path of the node (`/var/lib/kubelet/...`, `/var/run/cdi/...`) is on this machine."""
+        path = inside.replace("/var/run/", "/run/", 1) if inside.startswith("/var/run/") else inside
+        for mount, sub in _BIND.items():
+            if path == mount or path.startswith(mount + "/"):
+                return self.work_dir / sub / path[len(mount) + 1:]
+        raise ValueError(f"{inside} is not inside the node's own directories ({', '.join(_BIND)})")
+
+    @property
+    def cgroup_name(self) -> str:
+        return f"{CGROUP_PREFIX}{self.owner}-{self.name}"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.host_path(CDI_DIR)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.host_path(STATE_DIR)
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        return self.host_path("/var/log/pods")
+
+    @property
+    def podresources_socket(self) -> Path:
+        return self.host_path(f"{KUBELET_DIR}/pod-resources/kubelet.sock")
+
+    def enter(self) -> list[str]:
+        """The argv prefix that runs a command inside the node, with the node dir as working directory."""
+        assert self.holder is not None, f"node {self.name} is not started"
+        # A scratch working directory, never `/`: kubelet deletes some paths relative to its cwd.
+        return ["nsenter", f"--target={self.holder.pid}", "--mount", f"--wd={self.work_dir}", "--"]
+
+    def ctr(self) -> list[str]:
+        return [*self.enter(), str(self.bins / "ctr"), f"--address={CONTAINERD_SOCK}"]
+
+    # ---- start
+
+    def start(self, *, timeout: float = 120.0) -> RealNode:
+        for sub in (*_BIND.values(), "cni", "etc"):
+            (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "etc" / "hosts").write_text(f"127.0.0.1 localhost {self.name}\n::1 localhost\n")
+        (self.work_dir / "etc" / "resolv.conf").write_text("# no name servers: nothing leaves this machine\n")
+        self._make_cgroups()
+        self._start_namespace()
+        self._start_containerd(timeout)
+        self.start_kubelet(timeout=timeout)
+        self.start_plugin(timeout=timeout)
+        return self
+
+    def _make_cgroups(self) -> None:
+        for hierarchy in _cgroup_hierarchies():
+            (hierarchy / self.cgroup_name).mkdir(exist_ok=True)
+
+    def _start_namespace(self) -> None:
+        binds = " && ".join(f'mount -n --bind "$1/{sub}" {mount}' for mount, sub in _BIND.items())
+        script = (f'set -e; {binds} && mount -n --bind "$1/etc/hosts" /etc/hosts && touch "$1/ns-ready" '
+                  "&& exec sleep infinity")
+        ready = self.work_dir / "ns-ready"
+        ready.unlink(missing_ok=True)
+        self.holder = ManagedProcess(
+            f"ns-{self.name}", ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
+                                str(self.work_dir)],
+            self.work_dir / "logs" / "namespace.log", env={OWNER_ENV: f"{self.owner}:{self.work_dir}"}).start()
+        holder = self.holder
+        wait_for(lambda: holder.alive_and(ready.exists), timeout=20, what=f"the mount namespace of node {self.name}")
+
+    def _containerd_config(self) -> Path:
+        runtime = "io.containerd.cri.v1.runtime"
+        config = "\n".join([
+            "version = 3",
+            'root = "/var/lib/containerd"',
+            'state = "/run/containerd"',
+            "[grpc]", f'  address = "{CONTAINERD_SOCK}"',
+            "[ttrpc]", f'  address = "{CONTAINERD_SOCK}.ttrpc"',
+            "[debug]", '  level = "info"',
+            "[plugins.'io.containerd.internal.v1.opt']", '  path = "/opt/containerd"',
+            "[plugins.'io.containerd.nri.v1.nri']", "  disable = true",
+            f"[plugins.'{runtime}']",
+            f'  cdi_spec_dirs = ["{CDI_DIR}"]',
+            # Without CAP_SYS_RESOURCE runc cannot lower oom_score_adj below its own.
+            "  restrict_oom_score_adj = true",
+            f"[plugins.'{runtime}'.cni]",
+            '  bin_dirs = ["/usr/lib/cni"]',
+            f'  conf_dir = "{self.work_dir / "cni"}"',
+            f"[plugins.'{runtime}'.containerd]", '  default_runtime_name = "runc"',
+            f"[plugins.'{runtime}'.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
+            f"[plugins.'{runtime}'.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
+            "[plugins.'io.containerd.cri.v1.images']", '  snapshotter = "overlayfs"',
+            "[plugins.'io.containerd.cri.v1.images'.pinned_images]", f'  sandbox = "{PAUSE_IMAGE}"',
+            "[plugins.'io.containerd.grpc.v1.cri']",
+            '  stream_server_address = "127.0.0.1"', '  stream_server_port = "0"',
+            "",
+        ])
+        path = self.work_dir / "containerd.toml"
+        path.write_text(config)
+        # Pods use the host network; a loopback-only network config makes the runtime report
+        # NetworkReady (so kubelet marks the node Ready) without touching the machine's interfaces.
+        (self.work_dir / "cni" / "10-loopback.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "tessera-e2e-loopback", "plugins": [{"type": "loopback"}]}))
+        return path
+
+    def _env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bins}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    def _start_containerd(self, timeout: float) -> None:
+        config = self._containerd_config()
+        self.containerd = ManagedProcess(f"containerd-{self.name}",
+                                         [*self.enter(), str(self.bins / "containerd"), f"--config={config}"],
+                                         self.work_dir / "logs" / "containerd.log", env=self._env()).start()
+        containerd = self.containerd
+        sock = self.host_path(CONTAINERD_SOCK)
+        wait_for(lambda: containerd.alive_and(sock.exists), timeout=timeout,
+                 what=f"containerd of {self.name} (log {containerd.log_path})")
+        import_images(self.ctr(), build_images(self.bins))
+
+    def _kubelet_config(self) -> Path:
+        self.ports.setdefault("kubelet", free_port())
+        self.ports.setdefault("healthz", free_port())
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False, "failSwapOn": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True,
+            "cgroupRoot": f"/{self.cgroup_name}", "enforceNodeAllocatable": [],
+            "address": "127.0.0.1", "port": self.ports["kubelet"], "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.ports["healthz"],
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "evictionHard": {k: "0%" for k in ("memory.available", "nodefs.available", "nodefs.inodesFree",
+                                                "imagefs.available", "imagefs.inodesFree")},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "podLogsDir": "/var/log/pods", "volumePluginDir": f"{KUBELET_DIR}/volumeplugins",
+            "makeIPTablesUtilChains": False, "resolvConf": str(self.work_dir / "etc" / "resolv.conf"),
+            "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCK}", "imageServiceEndpoint": f"unix://{CONTAINERD_SOCK}",
+            "serializeImagePulls": False, "nodeStatusReportFrequency": "10s", "syncFrequency": "5s",
+            "fileCheckFrequency": "5s", "shutdownGracePeriod": "0s",
+        }
+        path = self.work_dir / "kubelet-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def kubelet_argv(self) -> list[str]:
+        return [*self.enter(), str(self.bins / "kubelet"), f"--config={self._kubelet_config()}",
+                f"--kubeconfig={self.kubeconfig}", f"--root-dir={KUBELET_DIR}", f"--cert-dir={KUBELET_DIR}/pki",
+                f"--hostname-override={self.name}", "-v=2",
+                *([f"--register-with-taints={','.join(self.taints)}"] if self.taints else [])]
+
+    def start_kubelet(self, *, timeout: float = 120.0) -> None:
+        """Start (or restart) kubelet and wait until it reports the node Ready."""
+        self.kubelet = ManagedProcess(f"kubelet-{self.name}", self.kubelet_argv(),
+                                      self.work_dir / "logs" / "kubelet.log", env=self._env()).start()
+        kubelet = self.kubelet
+        healthz = f"http://127.0.0.1:{self.ports['healthz']}/healthz"
+
+        def healthy() -> bool:
+            import urllib.request
+
+            kubelet.check_alive()
+            with urllib.request.urlopen(healthz, timeout=2) as resp:
+                return bool(resp.status == 200)
+
+        wait_for(healthy, timeout=timeout, interval=0.5,
+                 what=f"kubelet of {self.name} /healthz (log {kubelet.log_path})")
+
+    def plugin_argv(self) -> list[str]:
+        self.ports.setdefault("metrics", free_port())
+        return [*self.enter(), sys.executable, "-m", "tessera", "--log-format=json", "kubelet-plugin",
+                f"--node-name={self.name}", f"--simulate={self.profile}", f"--kubeconfig={self.kubeconfig}",
+                f"--kubelet-dir={KUBELET_DIR}", f"--cdi-dir={CDI_DIR}", f"--state-dir={STATE_DIR}",
+                f"--mig-strategy={self.mig_strategy}", f"--metrics-addr=127.0.0.1:{self.ports['metrics']}"]
+
+    def registrations(self) -> int:
+        """How many times kubelet's plugin watcher has registered tessera on this node."""
+        if self.kubelet is None:
+            return 0
+        try:
+            text = self.kubelet.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return 0
+        return len(re.findall(r'"Connection changed".*driverName="' + re.escape(DRIVER) + r'".*connected=true', text))
+
+    def start_plugin(self, *, timeout: float = 60.0) -> None:
+        """Start (or restart) tessera's plugin and wait until the real kubelet registered it."""
+        before = self.registrations()
+        self.plugin = ManagedProcess(f"plugin-{self.name}", self.plugin_argv(),
+                                     self.work_dir / "logs" / "plugin.log", env=self._env()).start()
+        plugin = self.plugin
+        wait_for(lambda: plugin.alive_and(lambda: self.registrations() > before), timeout=timeout,
+                 what=f"kubelet on {self.name} to register tessera's plugin (log {plugin.log_path})")
+
+    # ---- what a user would look at
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """The container's own output, from kubelet's pod log directory (CRI log format stripped)."""
+        lines: list[str] = []
+        for path in sorted(self.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                lines.append(parts[3] if len(parts) == 4 else line)
+        return "\n".join(lines)
+
+    def running_containers(self) -> list[str]:
+        proc = subprocess.run([*self.ctr(), "-n", "k8s.io", "tasks", "ls", "-q"], capture_output=True, text=True,
+                              check=False, timeout=30)
+        return proc.stdout.split()
+
+    # ---- stop
+
+    def stop_kubelet(self) -> None:
+        if self.kubelet is not None:
+            self.kubelet.stop()
+
+    def stop(self) -> None:
+        """Stop everything, remove every container, shim, mount and cgroup the node made."""
+        if self.plugin is not None:
+            self.plugin.stop()
+        self.stop_kubelet()
+        if self.containerd is not None and self.containerd.alive():
+            for task in self.running_containers():
+                subprocess.run([*self.ctr(), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task],
+                               capture_output=True, check=False, timeout=30)
+        _kill_cgroup_tree(self.cgroup_name)
+        if self.containerd is not None:
+            self.containerd.stop()
+        if self.holder is not None and self.holder.alive():
+            _kill_namespace(self.holder.pid)
+            self.holder.stop()
+        _kill_cgroup_tree(self.cgroup_name)
+
+    def logs(self) -> list[ManagedProcess]:
+        return [p for p in (self.containerd, self.kubelet, self.plugin) if p is not None]
