@@ -104,6 +104,8 @@ class RecoveryReport:
     orphan_mps_stopped: list[str] = field(default_factory=list)
     temp_files_removed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    # the checkpoint was written in another boot of this node
+    rebooted: bool = False
 
 
 @dataclass
@@ -497,11 +499,17 @@ class DeviceState:
     def recover(self) -> RecoveryReport:
         """Bring the node in line with the checkpoint after a start; see the module docstring."""
         report = RecoveryReport()
-        for uid, entry in self.store.load().items():
+        entries = self.store.load()
+        # After a reboot no daemon tessera started is alive, and a recorded pid may now be anyone's:
+        # every MPS daemon is started again rather than adopted. A format-1 file records no boot, so
+        # its daemons are adopted when they answer, as format 1 did (an upgrade must not restart them).
+        written_in = self.store.written_in_boot
+        report.rebooted = bool(entries) and bool(written_in) and written_in != self.store.boot_id
+        for uid, entry in entries.items():
             with self._claim_lock(uid):
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
-                        self._restore(entry, report)
+                        self._restore(replace(entry, mps=None) if report.rebooted else entry, report)
                     else:
                         self._teardown(entry)
                         self.store.drop(uid)
@@ -510,6 +518,7 @@ class DeviceState:
                     log.exception("recovery of a claim failed", claim_uid=uid)
                     report.failed[uid] = str(exc)
         self._remove_orphans(report)
+        self.store.stamp_boot()
         log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
         return report
 
