@@ -68,22 +68,20 @@ def test_the_next_write_upgrades_the_file_and_keeps_it_readable_by_format_1(tmp_
 
 def _previous_build_checkpoint_module() -> ModuleType:
     """kubeletplugin/checkpoint.py as the newest commit before format 2 had it, loaded from git."""
-    git = shutil.which("git")
-    if git is None or not (REPO / ".git").exists():
-        pytest.skip("needs the git history of this checkout")
-    log = subprocess.run([git, "-C", str(REPO), "log", "--format=%H", "--", "kubeletplugin/checkpoint.py"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    for commit in log:
-        source = subprocess.run([git, "-C", str(REPO), "show", f"{commit}:kubeletplugin/checkpoint.py"],
-                                capture_output=True, text=True, check=True).stdout
-        if "READABLE_SINCE" not in source:
-            spec = importlib.util.spec_from_loader(f"checkpoint_{commit[:8]}", loader=None)
-            assert spec is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-            exec(compile(source, f"{commit[:8]}:kubeletplugin/checkpoint.py", "exec"), module.__dict__)
-            return module
-    pytest.skip("no format-1 checkpoint.py in this checkout's history")
+    from e2e.node.previous_build import NoPreviousBuild, last_commit_without
+
+    try:
+        commit = last_commit_without("kubeletplugin/checkpoint.py", "READABLE_SINCE")
+    except NoPreviousBuild as exc:
+        pytest.skip(str(exc))
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:kubeletplugin/checkpoint.py"],
+                            capture_output=True, text=True, check=True).stdout
+    spec = importlib.util.spec_from_loader(f"checkpoint_{commit[:8]}", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    exec(compile(source, f"{commit[:8]}:kubeletplugin/checkpoint.py", "exec"), module.__dict__)
+    return module
 
 
 def test_a_file_from_a_newer_incompatible_build_is_kept_and_stops_the_agent(tmp_path: Path) -> None:
