@@ -88,6 +88,8 @@ class ManagedProcess:
     popen: subprocess.Popen[bytes] | None = None
     # Throw-away directories of this process (etcd's data), removed once it has exited.
     scratch: list[Path] = field(default_factory=list)
+    # Where it runs (default: the repository, so `python -m tessera` is this checkout's tessera).
+    cwd: Path | None = None
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +99,7 @@ class ManagedProcess:
             log.flush()
             self.popen = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(self.env or {})}, start_new_session=True, cwd=REPO,
+                env={**os.environ, **(self.env or {})}, start_new_session=True, cwd=self.cwd or REPO,
             )
         _STARTED.append(self)
         return self

@@ -184,8 +184,10 @@ def delete_pods(kube: Kube, namespace: str, names: list[str] | None = None, time
              what=f"pods {pods} in {namespace} to be deleted")
 
     def generated_claims_gone() -> bool:
+        # only the deleted pods' claims: other pods of the namespace may still be using theirs
         return not [c for c in kube.list("ResourceClaim", namespace)
-                    if any(o.get("kind") == "Pod" for o in c["metadata"].get("ownerReferences", []))]
+                    if any(o.get("kind") == "Pod" and o.get("name") in pods
+                           for o in c["metadata"].get("ownerReferences", []))]
 
     wait_for(generated_claims_gone, timeout=timeout, what=f"generated ResourceClaims in {namespace} to be deleted")
 

@@ -1,12 +1,22 @@
 """What the node agent has prepared, persisted so a restart (or a SIGKILL) loses nothing.
 
 One JSON file, `<state dir>/checkpoint.json`, mode 0600:
-`{"version": 1, "checksum": "sha256:<hex>", "claims": {<uid>: {...}}}` where the checksum covers
-the canonical JSON of `claims`. It is always replaced atomically. A file that fails to parse, fails
-its checksum, has a version this build does not know, nests deeper than MAX_DEPTH, or is not owned
-by this process's user or is writable by others is moved aside
-(`checkpoint.json.corrupt-<timestamp>`) and tessera starts empty: a loud error beats a crash loop,
-and kubelet re-prepares what it still needs.
+`{"version": 1, "format": 2, "bootID": "<kernel boot id>", "checksum": "sha256:<hex>", "claims": {<uid>: {...}}}`
+where the checksum covers the canonical JSON of `claims`. It is always replaced atomically.
+
+Versions, so that neither an upgrade nor a rollback of the DaemonSet forgets a prepared claim:
+`format` is the format the writer speaks, and `version` is the oldest format that can read the file
+(the field every tessera build checks, which is why it keeps that name). A build reads every file
+whose `version` is at most its own format, so format 2 reads what format 1 wrote, and it writes
+`version: 1` as long as its claims stay readable by format 1 (new fields are added beside the old
+ones; format 1 ignores fields it does not know, and the checksum covers them either way). A file
+from a newer build that format 1 cannot read (`version` above this build's format) is not moved
+aside, which would forget its claims: the agent refuses to start and says which build wrote it.
+`bootID` recognises a node reboot: MPS daemons recorded in another boot are never adopted.
+
+A file that fails to parse, fails its checksum, nests deeper than MAX_DEPTH, or is not owned by
+this process's user or is writable by others is moved aside (`checkpoint.json.corrupt-<timestamp>`)
+and tessera starts empty: a loud error beats a crash loop, and kubelet re-prepares what it still needs.
 
 The checksum catches damage (truncation, bit rot), not forgery: anyone who can write the file can
 recompute it, and a key kept next to the file would be exactly as writable as the file. What keeps
@@ -43,7 +53,11 @@ from kubeletplugin.types import PreparedDevice
 
 log = structlog.get_logger(__name__)
 
-CHECKPOINT_VERSION = 1
+# the format this build writes and the oldest format that can read it (see the module docstring)
+FORMAT = 2
+READABLE_SINCE = 1
+CHECKPOINT_VERSION = READABLE_SINCE
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 # how much older than the cache a file's mtime must be before its identity alone proves it
 # unchanged: well above any file system's timestamp granularity
 _RACY_NS = 1_000_000_000
@@ -116,6 +130,18 @@ class CheckpointError(ValueError):
     """The checkpoint file cannot be trusted."""
 
 
+class CheckpointFromNewerBuild(CheckpointError):
+    """The checkpoint was written by a newer tessera whose format this build cannot read; kept as is."""
+
+
+def current_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """The kernel's id of this boot ("" where the kernel does not say)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def _object_or_none(value: Any, what: str) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
@@ -140,17 +166,30 @@ def _canonical(claims: dict[str, Any]) -> bytes:
     return json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode(entries: dict[str, ClaimEntry]) -> bytes:
+def encode(entries: dict[str, ClaimEntry], boot_id: str = "") -> bytes:
     # the claims are written in their canonical form, the bytes the checksum covers: one dump, and
     # json's C encoder (an indented dump runs the pure-Python one, a third of a prepare's CPU)
     claims = _canonical({uid: e.to_dict() for uid, e in sorted(entries.items())})
     checksum = "sha256:" + hashlib.sha256(claims).hexdigest()
-    head = json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum}, indent=1)
+    head = json.dumps({"version": READABLE_SINCE, "format": FORMAT, "bootID": boot_id, "checksum": checksum},
+                      indent=1)
     return head[:-2].encode() + b',\n "claims": ' + claims + b"\n}\n"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    entries: dict[str, ClaimEntry]
+    format: int
+    boot_id: str  # "" when the writer did not record one (format 1)
 
 
 def decode(data: bytes) -> dict[str, ClaimEntry]:
     """Parse and verify a checkpoint; CheckpointError says what is wrong with it."""
+    return decode_document(data).entries
+
+
+def decode_document(data: bytes) -> Decoded:
+    """A checkpoint's entries and what its writer recorded about itself."""
     try:
         doc = json.loads(data)
     except ValueError as exc:
@@ -162,9 +201,18 @@ def decode(data: bytes) -> dict[str, ClaimEntry]:
     # what the entries are later compared, copied and re-encoded with recurses too
     if _depth_over(doc, MAX_DEPTH):
         raise CheckpointError(f"nested deeper than {MAX_DEPTH} levels, far more than any checkpoint tessera writes")
-    version = doc.get("version")
-    if version != CHECKPOINT_VERSION:
-        raise CheckpointError(f"version {version!r}, this build reads version {CHECKPOINT_VERSION}")
+    version, written_as = doc.get("version"), doc.get("format", 1)
+    if type(version) is not int or type(written_as) is not int or not 1 <= version <= written_as:
+        raise CheckpointError(f"version {version!r} / format {written_as!r} are not a checkpoint's")
+    if version > FORMAT:
+        raise CheckpointFromNewerBuild(
+            f"written by a newer tessera (format {written_as}, readable from format {version} on); this build "
+            f"reads formats up to {FORMAT}: roll the DaemonSet forward again, or move the file aside to start "
+            "empty (kubelet then prepares running pods' claims again)"
+        )
+    boot_id = doc.get("bootID", "")
+    if not isinstance(boot_id, str):
+        raise CheckpointError(f"bootID must be a string, got {type(boot_id).__name__}")
     claims = doc.get("claims")
     if not isinstance(claims, dict):
         raise CheckpointError("no claims object")
@@ -172,9 +220,10 @@ def decode(data: bytes) -> dict[str, ClaimEntry]:
     if doc.get("checksum") != expected:
         raise CheckpointError(f"checksum mismatch (file says {doc.get('checksum')!r}, content is {expected})")
     try:
-        return {uid: ClaimEntry.from_dict(entry) for uid, entry in claims.items()}
+        entries = {uid: ClaimEntry.from_dict(entry) for uid, entry in claims.items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"malformed claim entry: {exc!r}") from None
+    return Decoded(entries, written_as, boot_id)
 
 
 def _untrusted(st: os.stat_result) -> str:
@@ -196,9 +245,12 @@ class CheckpointStore:
     (inode, size, mtime_ns, ctime_ns) of the open file catches it without parsing the JSON.
     """
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, boot_id: str | None = None) -> None:
         self.state_dir = state_dir
         self.path = state_dir / FILE_NAME
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
+        # the boot the file on disk was last written in, as of the last read ("" = not recorded)
+        self.written_in_boot = ""
         self._lock = threading.RLock()
         self._depth = 0
         self._lock_file: IO[str] | None = None
@@ -275,12 +327,15 @@ class CheckpointStore:
             return self._cache
         self._forget()
         try:
-            entries = decode(data)
+            decoded = decode_document(data)
+        except CheckpointFromNewerBuild as exc:
+            raise CheckpointFromNewerBuild(f"{self.path}: {exc}") from None
         except CheckpointError as exc:
             self._move_aside(str(exc))
             return {}
-        self._remember(entries, data, key)
-        return entries
+        self.written_in_boot = decoded.boot_id
+        self._remember(decoded.entries, data, key)
+        return decoded.entries
 
     def _move_aside(self, reason: str) -> None:
         aside = self.path.with_name(f"{FILE_NAME}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
@@ -301,9 +356,17 @@ class CheckpointStore:
         with self._locked():
             # forget the cache first: if the write fails after its rename, the next read must look
             self._forget()
-            data = encode(entries)
+            data = encode(entries, self.boot_id)
             write_atomic(self.path, data, 0o600)
             self._remember(dict(entries), data, self._identity(os.stat(self.path)))
+
+    def stamp_boot(self) -> None:
+        """Record this boot in the file (recovery calls it once it has acted on a reboot)."""
+        with self._locked():
+            entries = self._read()
+            if self.written_in_boot != self.boot_id and self.path.exists():
+                self.save(dict(entries))
+                self.written_in_boot = self.boot_id
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[dict[str, ClaimEntry]]:

@@ -332,6 +332,7 @@ def run_plugin(
     from driver.discovery import DiscoveryError, load_inventory
     from driver.driverroot import DriverRootError
     from driver.kubeapi import RealKubeAPI
+    from kubeletplugin.checkpoint import CheckpointFromNewerBuild
     from kubeletplugin.fsguard import UnsafeDirectoryError
 
     stop = stop_event or threading.Event()
@@ -354,7 +355,7 @@ def run_plugin(
     try:
         try:
             plugin.start()
-        except (SocketError, OSError) as exc:
+        except (SocketError, OSError, CheckpointFromNewerBuild) as exc:
             log.error("cannot start the kubelet plugin", error=str(exc))
             return 1
         if on_started is not None:

@@ -105,6 +105,8 @@ class RecoveryReport:
     orphan_mps_stopped: list[str] = field(default_factory=list)
     temp_files_removed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    # the checkpoint was written in another boot of this node
+    rebooted: bool = False
 
 
 @dataclass
@@ -514,8 +516,15 @@ class DeviceState:
 
     def _recover(self) -> RecoveryReport:
         report = RecoveryReport()
+        # After a reboot no daemon tessera started is alive, and a recorded pid may now be anyone's:
+        # every MPS daemon is started again rather than adopted. A format-1 file records no boot, so
+        # its daemons are adopted when they answer, as format 1 did (an upgrade must not restart them).
+        entries = self.store.load()
+        written_in = self.store.written_in_boot
+        report.rebooted = bool(entries) and bool(written_in) and written_in != self.store.boot_id
         self._recover_claims(report, across_instances=False)
         self._remove_orphans(report)
+        self.store.stamp_boot()
         log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
         return report
 
@@ -540,7 +549,7 @@ class DeviceState:
                     continue
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
-                        self._restore(entry, report)
+                        self._restore(replace(entry, mps=None) if report.rebooted else entry, report)
                     else:
                         # nobody is preparing it (we hold its lock): an abandoned attempt
                         self._teardown(entry)

@@ -7,9 +7,13 @@ stopping a node and compare.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from e2e.node.realnode import CGROUP_PREFIX, OWNER_ENV
 
 WATCHED_DIRS = ("/", "/opt", "/var/lib", "/var/log", "/etc/cni", "/run")
 NODE_PROCESSES = ("containerd", "containerd-shim", "containerd-shim-runc-v2", "kubelet", "runc", "pause")
@@ -27,12 +31,39 @@ def _mount_points() -> list[str]:
         return sorted(line.split()[4] for line in f)
 
 
-def _cgroups() -> list[str]:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _others_live_owners() -> set[int]:
+    """Other runs (another e2e session, a running demo) whose real nodes are up: not ours to judge."""
+    owners = set()
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        for d in hierarchy.glob(CGROUP_PREFIX + "*") if hierarchy.is_dir() else ():
+            m = re.match(re.escape(CGROUP_PREFIX) + r"(\d+)-", d.name)
+            if m and int(m.group(1)) != os.getpid() and _alive(int(m.group(1))):
+                owners.add(int(m.group(1)))
+    return owners
+
+
+def _theirs(name: str, others: set[int]) -> bool:
+    m = re.match(re.escape(CGROUP_PREFIX) + r"(\d+)-", name)
+    return bool(m) and int(m.group(1)) in others
+
+
+def _cgroups(others: set[int]) -> list[str]:
     root = Path("/sys/fs/cgroup")
     out = []
     for hierarchy in sorted(root.iterdir()):
         if hierarchy.is_dir() and not hierarchy.is_symlink():
-            out += [f"{hierarchy.name}/{d.name}" for d in sorted(hierarchy.iterdir()) if d.is_dir()]
+            out += [f"{hierarchy.name}/{d.name}" for d in sorted(hierarchy.iterdir())
+                    if d.is_dir() and not _theirs(d.name, others)]
     return out
 
 
@@ -44,7 +75,33 @@ def _iptables() -> list[str]:
     return [line for line in out.splitlines() if not line.startswith(("#", ":"))]
 
 
-def _node_processes() -> list[str]:
+def _foreign_namespaces(others: set[int]) -> set[str]:
+    """Mount namespaces of other runs' nodes (their holders carry the owner in their environment)."""
+    out = set()
+    wanted = {f"{OWNER_ENV}={pid}:".encode() for pid in others}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+                if any(v.startswith(w) for v in env for w in wanted):
+                    out.add(os.readlink(entry / "ns" / "mnt"))
+            except OSError:
+                continue
+    return out
+
+
+def _foreign(entry: Path, others: set[int], namespaces: set[str]) -> bool:
+    try:
+        if os.readlink(entry / "ns" / "mnt") in namespaces:
+            return True
+        return any(_theirs(part, others) for line in (entry / "cgroup").read_text().splitlines()
+                   for part in line.split(":", 2)[-1].split("/"))
+    except OSError:
+        return True
+
+
+def _node_processes(others: set[int]) -> list[str]:
+    namespaces = _foreign_namespaces(others) if others else set()
     names = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -54,7 +111,7 @@ def _node_processes() -> list[str]:
             except (OSError, IndexError):
                 continue
             # A zombie is already dead; it waits only for the machine's init to reap it.
-            if comm in NODE_PROCESSES and state != "Z":
+            if comm in NODE_PROCESSES and state != "Z" and not (others and _foreign(entry, others, namespaces)):
                 names.append(f"{comm}[{entry.name}]")
     return sorted(names)
 
@@ -62,9 +119,11 @@ def _node_processes() -> list[str]:
 def machine_snapshot() -> dict[str, list[str]]:
     snap = {f"ls {d}": _listing(d) for d in WATCHED_DIRS}
     snap["mounts"] = _mount_points()
-    snap["cgroups"] = _cgroups()
+    # Another run's nodes (a second e2e session, a demo) come and go on their own: left out.
+    others = _others_live_owners()
+    snap["cgroups"] = _cgroups(others)
     snap["iptables-save"] = _iptables()
-    snap["node processes"] = _node_processes()
+    snap["node processes"] = _node_processes(others)
     return snap
 
 

@@ -391,11 +391,16 @@ class RealNode:
             return 0
         return len(re.findall(r'"Connection changed".*driverName="' + re.escape(DRIVER) + r'".*connected=true', text))
 
-    def start_plugin(self, *, timeout: float = 60.0) -> None:
-        """Start (or restart) tessera's plugin and wait until the real kubelet registered it."""
+    def start_plugin(self, *, timeout: float = 60.0, source: Path | None = None) -> None:
+        """Start (or restart) tessera's plugin and wait until the real kubelet registered it.
+
+        `source`: run the tessera in that directory (another build's tree) instead of this checkout's.
+        """
         before = self.registrations()
+        # nsenter --wd moves the plugin to the node dir, so the other tree is put on the import path
+        env = {**self._env(), "PYTHONPATH": str(source)} if source else self._env()
         self.plugin = ManagedProcess(f"plugin-{self.name}", self.plugin_argv(),
-                                     self.work_dir / "logs" / "plugin.log", env=self._env()).start()
+                                     self.work_dir / "logs" / "plugin.log", env=env, cwd=source).start()
         plugin = self.plugin
         wait_for(lambda: plugin.alive_and(lambda: self.registrations() > before), timeout=timeout,
                  what=f"kubelet on {self.name} to register tessera's plugin (log {plugin.log_path})")
