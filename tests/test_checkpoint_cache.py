@@ -31,13 +31,13 @@ def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEn
 class DecodeCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = checkpoint.decode
+        real = checkpoint.decode_document
 
-        def counting(data: bytes) -> dict[str, ClaimEntry]:
+        def counting(data: bytes) -> checkpoint.Decoded:
             self.calls += 1
             return real(data)
 
-        monkeypatch.setattr(checkpoint, "decode", counting)
+        monkeypatch.setattr(checkpoint, "decode_document", counting)
 
 
 def test_unchanged_file_is_not_decoded_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

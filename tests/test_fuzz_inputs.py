@@ -101,7 +101,7 @@ def snapshot(*dirs: Path) -> dict[str, Any]:
     for d in dirs:
         if d.exists():
             for p in sorted(d.rglob("*")):
-                if not p.is_file() or p.name == "checkpoint.lock":
+                if not p.is_file() or p.name.endswith(".lock"):  # locks hold no state
                     continue
                 if p.name in BOOKKEEPING:
                     doc = json.loads(p.read_bytes())
