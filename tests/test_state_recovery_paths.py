@@ -187,3 +187,11 @@ def test_logs_name_the_claim_and_the_orphan(tmp_path: Path, monkeypatch: pytest.
     assert (stray["claim_uid"], stray["claim"]) == (UID2, "team-a/stray")
     failed = events["orphan cleanup failed"]
     assert failed["orphan"] == "mps:not a uid" and failed["log_level"] == "error"
+
+
+def test_a_running_daemon_with_a_thread_percentage_is_adopted_not_restarted(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    config = [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 25})]
+    assert not prepare(state, [share("gpu-0", "4Gi")], config).error
+    report = make_state(tmp_path).recover()
+    assert report.mps_restarted == [] and report.failed == {}
