@@ -10,6 +10,7 @@ BENCHMARKS.md records it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -76,7 +77,7 @@ def _prepared_at(logs: list[Path]) -> list[tuple[float, str, str]]:
 
 
 def _longest_gap(times: list[float]) -> float:
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def _restore_plugin(node: RealNode, candidates: list[ManagedProcess]) -> None:
