@@ -17,11 +17,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from driver import DRIVER_NAME
+from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
 from driver.shutdown import restore_handlers, stop_on_signals
@@ -34,6 +35,7 @@ from kubeletplugin.health import (
     HealthBoard,
     device_names_from_slices,
 )
+from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor
 from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
@@ -71,6 +73,7 @@ class PluginConfig:
     stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
     # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
     instance_id: str = ""
+    health_policy: HealthPolicy = field(default_factory=HealthPolicy)  # event class -> taint (driver.health)
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +138,14 @@ class KubeletPlugin:
         self.health_source: FileHealthSource | None = (
             FileHealthSource(config.state_dir / SIMULATED_HEALTH_FILE, self.health) if config.simulated else None
         )
+        # GPU health events become taints on the slices and health on kubelet's stream.
+        self.health_monitor = HealthMonitor(
+            inventory, config.mig_strategy, self.health, self._publish_slices,
+            policy=config.health_policy, metrics=self.metrics,
+        )
+        self.event_source: EventLogSource | None = (
+            EventLogSource(config.state_dir / EVENT_LOG_FILE, self.health_monitor) if config.simulated else None
+        )
         self.service = DraService(api, state, metrics=self.metrics, pool=config.node_name)
         health_servicer = DRAResourceHealthServicer(self.health, resend_interval=health_resend_interval)
         self.registration = RegistrationServicer(paths.dra_socket, on_status=self._on_registration)
@@ -167,6 +178,8 @@ class KubeletPlugin:
                 log.error("some prepared claims could not be restored", failed=report.failed)
             if self.health_source is not None:
                 self.health_source.start()
+            if self.event_source is not None:
+                self.event_source.start()
             self.dra_server.start()
             self.registration_server.start()
             self.metrics_server.start()
@@ -200,6 +213,8 @@ class KubeletPlugin:
         self.service.close()
         if self.health_source is not None:
             self.health_source.stop()
+        if self.event_source is not None:
+            self.event_source.stop()
         if self._publisher_started:
             try:
                 # another instance still serving keeps the slices (and takes over publishing them)
@@ -224,6 +239,10 @@ class KubeletPlugin:
         if status.state == "standby":
             return True, "ok (publisher standby: another plugin instance on this node publishes)"
         return True, f"ok (publisher {status.state})"
+
+    def _publish_slices(self, slices: list[dict[str, Any]]) -> None:
+        self.slices = slices
+        self.publisher.update(slices)
 
     def _start_publisher(self) -> None:
         self.publisher.start()
