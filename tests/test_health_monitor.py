@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,3 +157,32 @@ def test_conditions_in_the_event_log_are_published_again_after_a_restart(plugin:
     plugin.start()
     assert plugin.publisher.wait_synced(30)
     assert list(_stored_taints(plugin.fake)) == ["gpu-0"]
+
+
+def test_inject_cli_appends_events_the_log_source_reads(tmp_path: Path) -> None:
+    from tessera.cli import main
+
+    assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid", "--xid", "79",
+                 "--message", "fell off"]) == 0
+    assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid"]) == 2
+    assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "3", "--event", "nvlink-down",
+                 "--link", "2"]) == 0
+    h = Harness()
+    EventLogSource(tmp_path / EVENT_LOG_FILE, h.monitor).poll()
+    taints = taints_of(h.published[-1])
+    assert taints["gpu-3"][0]["value"] == "link-2"
+    assert [t["key"] for t in taints["gpu-0"]] == ["gpu.tessera.dev/gpu-lost"]  # XID 79 is "fell off the bus"
+    assert h.health()["gpu-0"] == (Health.UNHEALTHY, "tessera: gpu-lost: fell off")
+
+
+@pytest.mark.parametrize(("policy", "message"), [
+    ("{", r"--health-policy: not valid JSON|--health-policy: Expecting"),
+    ('{"taints": {"gpu-lost": {"clearsOnReset": true}}}', r"--health-policy\.taints\.gpu-lost\.clearsOnReset"),
+])
+def test_bad_health_policy_flag_exits_2_naming_the_flag(policy: str, message: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tessera.cli import main
+
+    assert main(["--log-format", "console", "kubelet-plugin", "--node-name", "n", "--health-policy", policy]) == 2
+    out = capsys.readouterr()
+    assert re.search(message, out.out + out.err)
