@@ -81,7 +81,8 @@ def render_table(inventory: Any, slices: list[dict[str, Any]], out: TextIO) -> N
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
-    tainted = [(d["name"], t) for obj in slices for d in obj["spec"].get("devices") or [] for t in d.get("taints") or []]
+    tainted = [(d["name"], t)
+               for obj in slices for d in obj["spec"].get("devices") or [] for t in d.get("taints") or []]
     if tainted:
         out.write("\nHEALTH TAINTS\n")
         for name, t in tainted:
