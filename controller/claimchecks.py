@@ -25,6 +25,7 @@ from controller.selectors import (
     runtime_findings,
     schema_findings,
 )
+from controller.tolerationchecks import toleration_findings
 
 Obj = dict[str, Any]
 
@@ -154,6 +155,7 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
                 "to count the devices this request matches",
             )
         )
+    findings.extend(toleration_findings(body, path, ctx))
     used_by = "this claim"
     before = len(findings)
     compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"')
