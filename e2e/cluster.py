@@ -152,8 +152,11 @@ class ControlPlane:
         self._start("controller-manager", [
             str(self.harness), "controller-manager", f"--kubeconfig={self.kubeconfig}",
             # The garbage collector deletes claims generated for pods that are gone (ownerReferences);
-            # without it every finished pod would keep its devices allocated.
-            "--controllers=resourceclaim-controller,garbage-collector-controller", "--leader-elect=false",
+            # without it every finished pod would keep its devices allocated. The device taint eviction
+            # controller evicts pods whose devices got a NoExecute taint (GPU health, docs/health.md);
+            # deployments and replica sets bring up the replacement pod.
+            "--controllers=resourceclaim-controller,garbage-collector-controller,device-taint-eviction-controller,"
+            "deployment-controller,replicaset-controller", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
         ])
         wait_for(lambda: kube.get_or_none("Namespace", "default"), timeout=60, what="the default namespace")
