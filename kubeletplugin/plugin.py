@@ -25,6 +25,7 @@ from driver import DRIVER_NAME
 from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
+from driver.nvmlevents import NvmlEventSource
 from driver.shutdown import restore_handlers, stop_on_signals
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer
@@ -146,6 +147,7 @@ class KubeletPlugin:
         self.event_source: EventLogSource | None = (
             EventLogSource(config.state_dir / EVENT_LOG_FILE, self.health_monitor) if config.simulated else None
         )
+        self.nvml_events: NvmlEventSource | None = None
         self.service = DraService(api, state, metrics=self.metrics, pool=config.node_name)
         health_servicer = DRAResourceHealthServicer(self.health, resend_interval=health_resend_interval)
         self.registration = RegistrationServicer(paths.dra_socket, on_status=self._on_registration)
@@ -180,6 +182,8 @@ class KubeletPlugin:
                 self.health_source.start()
             if self.event_source is not None:
                 self.event_source.start()
+            if self.config.nvml:
+                self._start_nvml_events()
             self.dra_server.start()
             self.registration_server.start()
             self.metrics_server.start()
@@ -215,6 +219,8 @@ class KubeletPlugin:
             self.health_source.stop()
         if self.event_source is not None:
             self.event_source.stop()
+        if self.nvml_events is not None:
+            self.nvml_events.stop()
         if self._publisher_started:
             try:
                 # another instance still serving keeps the slices (and takes over publishing them)
@@ -239,6 +245,21 @@ class KubeletPlugin:
         if status.state == "standby":
             return True, "ok (publisher standby: another plugin instance on this node publishes)"
         return True, f"ok (publisher {status.state})"
+
+    def _start_nvml_events(self, nvml: Any = None) -> None:
+        """NVML health events; without them the node still serves, so a failure here is logged, not fatal."""
+        from driver.nvml import _import_pynvml
+
+        try:
+            module = nvml or _import_pynvml()
+            module.nvmlInit()
+            source = NvmlEventSource(module, [g.index for g in self.inventory.gpus], self.health_monitor.handle,
+                                     policy=self.config.health_policy)
+            source.start()
+        except Exception as exc:  # no library, no driver, no permission: health events are off
+            log.error("NVML health events are off: cannot watch the GPUs", error=str(exc))
+            return
+        self.nvml_events = source
 
     def _publish_slices(self, slices: list[dict[str, Any]]) -> None:
         self.slices = slices

@@ -186,3 +186,46 @@ def test_bad_health_policy_flag_exits_2_naming_the_flag(policy: str, message: st
     assert main(["--log-format", "console", "kubelet-plugin", "--node-name", "n", "--health-policy", policy]) == 2
     out = capsys.readouterr()
     assert re.search(message, out.out + out.err)
+
+
+def test_an_nvml_node_feeds_nvml_events_into_the_taints(tmp_path: Path) -> None:
+    from kubeletplugin.plugin import KubeletPlugin, PluginConfig, build_device_state
+    from tests.fakepynvml import dgx_h100_node
+
+    with short_tmpdir() as root:
+        config = PluginConfig(node_name=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
+                              state_dir=root / "state", simulate="dgx-h100-8", metrics_addr="127.0.0.1:0")
+        inventory = load_inventory(NODE, simulate="dgx-h100-8")
+        fake = FakeKubeAPI()
+        fake.add_node(NODE)
+        p = KubeletPlugin(config, fake, inventory, build_device_state(config, inventory))
+        nvml = dgx_h100_node().nvml
+        p._start_nvml_events(nvml)
+        assert p.nvml_events is not None
+        try:
+            import pynvml
+
+            nvml.pending_events.append((4, pynvml.nvmlEventTypeXidCriticalError, 79))
+            deadline = time.monotonic() + 10
+            while "gpu-4" not in taints_of(p.slices) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert taints_of(p.slices)["gpu-4"][0]["key"] == "gpu.tessera.dev/gpu-lost"
+        finally:
+            p.nvml_events.stop()
+
+
+def test_nvml_events_that_cannot_start_leave_the_plugin_serving(tmp_path: Path) -> None:
+    import pynvml
+
+    from kubeletplugin.plugin import KubeletPlugin, PluginConfig, build_device_state
+    from tests.fakepynvml import dgx_h100_node
+
+    with short_tmpdir() as root:
+        config = PluginConfig(node_name=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
+                              state_dir=root / "state", simulate="dgx-h100-8", metrics_addr="127.0.0.1:0")
+        inventory = load_inventory(NODE, simulate="dgx-h100-8")
+        p = KubeletPlugin(config, FakeKubeAPI(), inventory, build_device_state(config, inventory))
+        nvml = dgx_h100_node().nvml
+        nvml.failures["nvmlInit"] = pynvml.NVMLError_DriverNotLoaded
+        p._start_nvml_events(nvml)
+        assert p.nvml_events is None
