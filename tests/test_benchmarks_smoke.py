@@ -170,3 +170,11 @@ def test_pod_startup_report_gives_each_kind_against_the_no_claim_reference() -> 
     text = podstart_bench.render(singles, bursts)
     assert "| whole GPU " in text and "2.00x" in text and "4.00x" in text  # 200/100 and 400/100
     assert "| 10 pods, a 1Gi share each | 3000 " in text and "1.50x" in text
+
+
+def test_health_benchmark_renders_every_stage() -> None:
+    from benchmarks import health_bench
+
+    results = {stage: summarize([float(i + 1) * 100 for i in range(3)]) for stage in health_bench.STAGES}
+    rendered = health_bench.render(results)
+    assert all(stage in rendered for stage in health_bench.STAGES)
