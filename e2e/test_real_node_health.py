@@ -164,6 +164,13 @@ def test_double_bit_ecc_evicts_both_shares_but_not_the_mig_pod_on_another_gpu(
     mig_pod = kube.get("Pod", "mig", namespace)
     assert mig_pod["status"]["phase"] == "Running" and not mig_pod["metadata"].get("deletionTimestamp")
 
+    # the same error on the MIG device's GPU evicts the MIG pod, and the MIG instance is destroyed
+    mig_uid = claims["mig"]["metadata"]["uid"]
+    inject(real_dgx, gpu_index(mig_dev), "ecc-double-bit")
+    wait_for(lambda: kube.get_or_none("Pod", "mig", namespace) is None, timeout=60,
+             what="the MIG pod on the second GPU with an ECC error to be evicted")
+    wait_for(lambda: not _cdi_specs(real_dgx, mig_uid), timeout=60, what="the MIG claim's CDI spec to go")
+
 
 def _resource_health(kube: Kube, namespace: str, name: str) -> list[Obj]:
     statuses = kube.get("Pod", name, namespace).get("status", {}).get("containerStatuses") or []
@@ -213,3 +220,7 @@ def test_no_schedule_keeps_new_claims_off_a_tolerating_claim_gets_it_and_reset_c
     wait_for(lambda: diag_dev not in taints(kube, real_a100), timeout=10, what=f"the taints on {diag_dev} to go")
     wait_for(lambda: {r.get("health") for r in _resource_health(kube, namespace, "diag")} == {"Healthy"},
              timeout=60, what="the pod's device to read Healthy again")
+
+    # the apiserver stores the taints exactly as published (timeAdded included): no update loop
+    assert real_a100.plugin is not None
+    assert "stored the slice differently" not in real_a100.plugin.log_path.read_text(errors="replace")
