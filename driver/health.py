@@ -217,6 +217,33 @@ class GpuConditions:
             return ""
         return "tessera: " + "; ".join(f"{c.event.value}: {c.message or c.value}" for c in conds)
 
+    def to_json(self) -> dict[str, Any]:
+        """The conditions as a JSON object, for a node agent that must keep them across restarts."""
+        return {str(i): [{"event": c.event.value, "value": c.value, "message": c.message, "since": c.since}
+                         for c in self.conditions(i)] for i in self.affected()}
+
+    def load_json(self, raw: Any, path: str) -> None:
+        """Replace the conditions with `to_json()` output; ValueError naming the field when it is not that."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{path}: must be an object mapping GPU index to conditions")
+        book: dict[int, dict[EventClass, Condition]] = {}
+        for key, conds in raw.items():
+            if not str(key).isdigit() or not isinstance(conds, list):
+                raise ValueError(f"{path}.{key}: must be a GPU index mapping to a list of conditions")
+            for j, c in enumerate(conds):
+                where = f"{path}.{key}[{j}]"
+                if not isinstance(c, Mapping):
+                    raise ValueError(f"{where}: must be an object")
+                event = EventClass.parse(str(c.get("event", "")), f"{where}.event")
+                if event is EventClass.RESET:
+                    raise ValueError(f"{where}.event: reset is not a condition")
+                since = c.get("since")
+                if not isinstance(since, int | float) or isinstance(since, bool):
+                    raise ValueError(f"{where}.since: must be unix seconds")
+                book.setdefault(int(key), {})[event] = Condition(event, str(c.get("value", "")),
+                                                                 str(c.get("message", "")), float(since))
+        self._by_gpu = book
+
     def counts(self) -> dict[EventClass, int]:
         """How many GPUs are in each condition (metrics)."""
         out: dict[EventClass, int] = dict.fromkeys(CONDITION_CLASSES, 0)

@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from driver.cdi import write_atomic
 from driver.health import EventClass, GpuConditions, HealthEvent, HealthPolicy, parse_event
 from driver.model import Inventory
 from driver.slices import build_slices
@@ -51,6 +52,7 @@ class HealthMonitor:
         *,
         policy: HealthPolicy | None = None,
         metrics: PluginMetrics | None = None,
+        state_file: Path | None = None,
     ) -> None:
         self.inventory = inventory
         self.policy = policy or HealthPolicy()
@@ -60,6 +62,36 @@ class HealthMonitor:
         self._metrics = metrics
         self._lock = threading.Lock()
         self._conditions = GpuConditions(self.policy)
+        # NVML reports an event once: its conditions are kept here so an agent restart (a rolling
+        # upgrade) does not drop a NoExecute taint the GPU still deserves.
+        self._state_file = state_file
+        if state_file is not None:
+            self._load()
+
+    def _load(self) -> None:
+        assert self._state_file is not None
+        try:
+            raw = json.loads(self._state_file.read_text())
+            self._conditions.load_json(raw, str(self._state_file))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            log.error("cannot read the saved GPU health conditions; starting without them", error=str(exc))
+            return
+        known = set(self.gpu_indexes)
+        for index in self._conditions.affected():
+            if index not in known:
+                log.warning("saved GPU health conditions name a GPU this node no longer has", gpu=index)
+        log.info("GPU health conditions restored", gpus=self._conditions.affected())
+
+    def _save(self) -> None:
+        if self._state_file is None:
+            return
+        try:
+            write_atomic(self._state_file, (json.dumps(self._conditions.to_json(), sort_keys=True) + "\n").encode(),
+                         0o600)
+        except OSError as exc:  # the taints are published anyway; only a restart would forget them
+            log.error("cannot save GPU health conditions", path=str(self._state_file), error=str(exc))
 
     @property
     def gpu_indexes(self) -> list[int]:
@@ -79,6 +111,8 @@ class HealthMonitor:
             return False
         with self._lock:
             changed = self._conditions.apply(event)
+            if changed:
+                self._save()
         log.info("GPU health event", gpu=event.gpu_index, event_class=event.event.value, value=event.value,
                  message=event.message, changed=changed)
         if changed:
@@ -89,6 +123,7 @@ class HealthMonitor:
         """Forget every condition (the event log was rewritten from scratch)."""
         with self._lock:
             self._conditions = GpuConditions(self.policy)
+            self._save()
         self.refresh()
 
     def refresh(self) -> None:
@@ -116,9 +151,13 @@ class HealthMonitor:
 class EventLogSource:
     """Tails `<state dir>/health-events.jsonl` and hands each complete line's event to the monitor."""
 
-    def __init__(self, path: Path, monitor: HealthMonitor, *, interval: float = 0.2,
+    def __init__(self, path: Path, monitor: HealthMonitor, *, interval: float = 0.2, replay: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
+        """`replay` False (NVML nodes, where the log is only an operator's channel and the conditions are
+        saved elsewhere): lines already in the file at start are skipped, and a shrinking file only moves
+        the read position, it does not start the book over."""
         self.path = path
+        self._replay = replay
         self._monitor = monitor
         self._interval = interval
         self._clock = clock
@@ -134,8 +173,12 @@ class EventLogSource:
         except FileNotFoundError:
             size = 0
         if size < self._offset:
-            log.info("health event log shrank; starting over", path=str(self.path))
             self._offset = self._line = 0
+            if not self._replay:
+                log.info("health event log shrank; reading on from its new end", path=str(self.path))
+                self._offset = size
+                return 0
+            log.info("health event log shrank; starting over", path=str(self.path))
             self._monitor.reset_all()
         if size == self._offset:
             return 0
@@ -164,7 +207,13 @@ class EventLogSource:
         return read
 
     def start(self) -> None:
-        self.poll()  # replay what is there before kubelet can ask for anything
+        if self._replay:
+            self.poll()  # replay what is there before kubelet can ask for anything
+        else:
+            try:
+                self._offset = self.path.stat().st_size
+            except FileNotFoundError:
+                self._offset = 0
         self._thread = threading.Thread(target=self._run, name="health-events", daemon=True)
         self._thread.start()
 

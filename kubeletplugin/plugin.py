@@ -49,6 +49,7 @@ log = structlog.get_logger(__name__)
 
 MIG_STRATEGIES = ("none", "static", "dynamic")
 SIMULATED_HEALTH_FILE = "simulated-health.json"
+HEALTH_CONDITIONS_FILE = "health-conditions.json"
 
 
 class PluginConfigError(ValueError):
@@ -140,12 +141,15 @@ class KubeletPlugin:
             FileHealthSource(config.state_dir / SIMULATED_HEALTH_FILE, self.health) if config.simulated else None
         )
         # GPU health events become taints on the slices and health on kubelet's stream.
+        # Simulated nodes rebuild their conditions by replaying the event log; NVML nodes save them
+        # (NVML reports an event once) and read the log only as an operator's channel (a reset).
         self.health_monitor = HealthMonitor(
             inventory, config.mig_strategy, self.health, self._publish_slices,
             policy=config.health_policy, metrics=self.metrics,
+            state_file=None if config.simulated else config.state_dir / HEALTH_CONDITIONS_FILE,
         )
-        self.event_source: EventLogSource | None = (
-            EventLogSource(config.state_dir / EVENT_LOG_FILE, self.health_monitor) if config.simulated else None
+        self.event_source: EventLogSource | None = EventLogSource(
+            config.state_dir / EVENT_LOG_FILE, self.health_monitor, replay=config.simulated
         )
         self.nvml_events: NvmlEventSource | None = None
         self.service = DraService(api, state, metrics=self.metrics, pool=config.node_name)
@@ -180,6 +184,7 @@ class KubeletPlugin:
                 log.error("some prepared claims could not be restored", failed=report.failed)
             if self.health_source is not None:
                 self.health_source.start()
+            self.health_monitor.refresh()  # conditions saved before a restart are published again at once
             if self.event_source is not None:
                 self.event_source.start()
             if self.config.nvml:
