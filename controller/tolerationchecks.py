@@ -12,24 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.context import CheckContext
+from controller.explain.funnel import tolerates
 from controller.findings import Finding, warning
+
+__all__ = ["tolerates", "toleration_findings"]
 
 HEALTH_PREFIX = "gpu.tessera.dev/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"
 _SHOWN = 3
-
-
-def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    """The DeviceToleration rule: effect empty or equal; no key with Exists matches every key."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    if (toleration.get("operator") or "Equal") == "Exists":
-        return True
-    return bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
 
 
 def _admitted(tolerations: Sequence[Mapping[str, Any]], ctx: CheckContext) -> list[str]:
