@@ -224,3 +224,27 @@ def test_no_schedule_keeps_new_claims_off_a_tolerating_claim_gets_it_and_reset_c
     # the apiserver stores the taints exactly as published (timeAdded included): no update loop
     assert real_a100.plugin is not None
     assert "stored the slice differently" not in real_a100.plugin.log_path.read_text(errors="replace")
+
+
+def test_time_sliced_claim_is_evicted_with_its_gpu(
+    kube: Kube, real_a100: RealNode, namespace: str, healthy_after: None
+) -> None:
+    config = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
+    kube.create(claim("sliced", namespace, claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=config)))
+    kube.create(probe_pod("sliced", namespace, real_a100.name, claims={"gpu": "sliced"},
+                          containers={"trainer": ["gpu"], "sidecar": ["gpu"]}))
+    started = wait_reported(kube, real_a100, namespace, "sliced")
+    sliced = _allocated(kube, namespace, started.pod)
+    [device] = _devices(sliced)
+    uid = sliced["metadata"]["uid"]
+    assert _cdi_specs(real_a100, uid)
+
+    inject(real_a100, gpu_index(device), "gpu-lost")
+    wait_for(lambda: kube.get_or_none("Pod", "sliced", namespace) is None, timeout=60,
+             what="the time-sliced pod on the lost GPU to be evicted")
+    wait_for(lambda: not _cdi_specs(real_a100, uid), timeout=60, what="the time-sliced claim to be unprepared")
+    # a claim the user created (not from a template) stays, deallocated once no pod uses it
+    wait_for(lambda: not kube.get("ResourceClaim", "sliced", namespace).get("status", {}).get("allocation"),
+             timeout=60, what="the time-sliced claim to be deallocated")
