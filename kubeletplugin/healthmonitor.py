@@ -61,6 +61,7 @@ class HealthMonitor:
         self._publish = publish
         self._metrics = metrics
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._conditions = GpuConditions(self.policy)
         # NVML reports an event once: its conditions are kept here so an agent restart (a rolling
         # upgrade) does not drop a NoExecute taint the GPU still deserves.
@@ -128,6 +129,11 @@ class HealthMonitor:
 
     def refresh(self) -> None:
         """Publish the current taints and health, whether or not they changed."""
+        # Sources run in their own threads: one refresh at a time, so an older state never lands last.
+        with self._refresh_lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         slices = self.slices()
         self._publish(slices)
         with self._lock:

@@ -279,3 +279,29 @@ def test_an_operator_log_on_an_nvml_node_skips_old_lines_and_never_starts_over(t
         assert "gpu-3" in taints_of(h.published[-1])
     finally:
         source.stop()
+
+
+def test_concurrent_sources_never_publish_an_older_state_last() -> None:
+    import threading
+
+    h = Harness()
+    published = h.published
+    gate = threading.Event()
+    first = True
+
+    def slow_publish(slices: list[dict[str, Any]]) -> None:
+        nonlocal first
+        if first:  # the first refresh is slow to hand its slices over; the second must wait for it
+            first = False
+            gate.wait(0.5)
+        published.append(slices)
+
+    h.monitor = HealthMonitor(h.inventory, "static", h.board, slow_publish)
+    a = threading.Thread(target=h.monitor.handle,
+                         args=(HealthEvent(0, EventClass.ECC_DOUBLE_BIT, "double-bit", "m", T0),))
+    a.start()
+    time.sleep(0.1)
+    h.monitor.handle(HealthEvent(2, EventClass.ECC_DOUBLE_BIT, "double-bit", "m", T0))
+    gate.set()
+    a.join()
+    assert sorted(taints_of(published[-1])) == ["gpu-0", "gpu-2"]
