@@ -26,6 +26,7 @@ from controller.selectors import (
     schema_findings,
     skipped_finding,
 )
+from controller.tolerationchecks import toleration_findings
 
 Obj = dict[str, Any]
 
@@ -172,6 +173,7 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
                 "to count the devices this request matches",
             )
         )
+    findings.extend(toleration_findings(body, path, ctx))
     used_by = "this claim"
     before = len(findings)
     compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"')

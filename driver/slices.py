@@ -17,7 +17,7 @@ rejected by an apiserver or leave the pool unusable for the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,8 +218,21 @@ def _slice(node: str, spec_body: Obj) -> Obj:
     }
 
 
-def build_slices(inventory: Inventory, *, mig_strategy: str = "static") -> list[Obj]:
+def _taint(devices: Sequence[Obj], taints: Sequence[Obj]) -> None:
+    # Every device carved from a GPU shares its fate; shares are the GPU device itself.
+    if taints:
+        for device in devices:
+            device["taints"] = [dict(t) for t in taints]
+
+
+def build_slices(
+    inventory: Inventory, *, mig_strategy: str = "static", taints: Mapping[int, Sequence[Obj]] | None = None
+) -> list[Obj]:
     """The ResourceSlices of `inventory.node_name`'s pool, without `metadata.name` (the publisher names them).
+
+    `taints` maps a GPU index to the taints its devices carry (driver.health): the GPU and every MIG
+    device or partition on it get them. A tainted device lowers its slice's device limit to 64, so
+    slices are packed with the taints already in place.
 
     Slices with devices come first, in the order the scheduler should try devices (it takes the first
     fit, walking slices by name and devices in list order); counter-set slices come last. Pool
@@ -234,10 +247,13 @@ def build_slices(inventory: Inventory, *, mig_strategy: str = "static") -> list[
     static_groups: list[_Group] = []
     whole: list[Obj] = []
     counter_sets: list[Obj] = []
+    taints = taints or {}
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        gpu_taints = taints.get(gpu.index, ())
         layout = layout_for(gpu.product_name) if gpu.mig_capable else None
         if mig_strategy == "dynamic" and layout is not None:
             counter_set, whole_device, group = _partitions(inventory, gpu, layout)
+            _taint([whole_device, *group.devices], gpu_taints)
             counter_sets.append(counter_set)
             whole.append(whole_device)
             partition_groups.append(group)
@@ -250,9 +266,12 @@ def build_slices(inventory: Inventory, *, mig_strategy: str = "static") -> list[
                 log.warning("GPU is in MIG mode and mig-strategy is none: it is not published",
                             gpu=gpu.index, hint="use --mig-strategy static or disable MIG mode")
                 continue
-            static_groups.append(_static_instances(inventory, gpu))
+            group = _static_instances(inventory, gpu)
+            _taint(group.devices, gpu_taints)
+            static_groups.append(group)
             continue
         whole.append(_whole_gpu(inventory, gpu))
+        _taint(whole[-1:], gpu_taints)
 
     if partition_groups:
         # Partitions pack from the first GPU upwards; whole-card requests start from the last GPU, so the

@@ -152,9 +152,11 @@ class ControlPlane:
         self._start("controller-manager", [
             str(self.harness), "controller-manager", f"--kubeconfig={self.kubeconfig}",
             # The garbage collector deletes claims generated for pods that are gone (ownerReferences);
-            # without it every finished pod would keep its devices allocated. Deployments and their
-            # ReplicaSets: the extended-resource tests run GPU workloads the way users write them.
-            "--controllers=resourceclaim-controller,garbage-collector-controller,"
+            # without it every finished pod would keep its devices allocated. The device taint eviction
+            # controller evicts pods whose devices got a NoExecute taint (GPU health, docs/health.md);
+            # Deployments and ReplicaSets run GPU workloads the way users write them (extended resources,
+            # and the replacement pod of an evicted one).
+            "--controllers=resourceclaim-controller,garbage-collector-controller,device-taint-eviction-controller,"
             "deployment-controller,replicaset-controller", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
         ])

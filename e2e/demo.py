@@ -241,6 +241,11 @@ def up() -> int:
           f"kubeconfig: {cluster.kubeconfig}")
     print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get nodes -o wide")
     print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get resourceslices,resourceclaims -A")
+    state_dirs = [n.state_dir for n in cluster.real_nodes.values()] + [a.state_dir for a in cluster.agents.values()]
+    if state_dirs:
+        print(f"  GPU health (docs/health.md): {sys.executable} -m tessera inject-health-event "
+              f"--state-dir {state_dirs[0]} --gpu 0 --event xid --xid 79   (the node's GPU 0 falls off the bus; "
+              "its pods are evicted; removing the state dir's health-events.jsonl clears it)")
     print(f"logs: {cluster.work_dir}/logs and {cluster.work_dir}/nodes/*/   stop it with: make demo-down")
     # Detach: the processes live in their own sessions; leaving without stopping them keeps them up.
     return 1 if failures else 0

@@ -6,8 +6,10 @@ complete list of the driver's devices. A device it has not heard about for
 data of the driver. So the stream sends the full list at once, again on every change, and again
 every `resend_interval` seconds (well inside the timeout) while nothing changes.
 
-Where health comes from: the HealthBoard holds the current state; sources write into it. Tests flip
-it directly; the simulated backend reads a JSON file (FileHealthSource) that a demo can edit.
+Where health comes from: the HealthBoard holds the current state; sources write into it, each into its
+own layer, and a device's health is the worst of its layers. GPU health events (kubeletplugin/
+healthmonitor.py, the same conditions that become device taints) are one source; the simulated backend
+also reads a JSON file of overrides (FileHealthSource) that a demo can edit. Tests flip it directly.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class DeviceHealth:
     updated_at: float  # unix seconds when tessera determined it
 
 
+_SEVERITY = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.UNHEALTHY: 2}
+
+
 def device_names_from_slices(slices: Iterable[Mapping[str, Any]]) -> list[str]:
     """Names of every device published in these ResourceSlices, in publishing order."""
     names: list[str] = []
@@ -86,6 +91,8 @@ class HealthBoard:
         self._version = 0
         self._closed = False
         self._states: dict[str, DeviceHealth] = {}
+        # source -> device -> (health, message); a device's state is the worst over the sources
+        self._layers: dict[str, dict[str, tuple[Health, str]]] = {}
         self._listeners: list[Callable[[list[DeviceHealth]], None]] = []
         self.set_devices(device_names)
 
@@ -107,22 +114,38 @@ class HealthBoard:
             self._states = {
                 name: self._states.get(name) or DeviceHealth(name, Health.HEALTHY, "", now) for name in wanted
             }
+            for layer in self._layers.values():
+                for gone in layer.keys() - self._states.keys():
+                    del layer[gone]
             self._changed()
 
-    def set_health(self, device_name: str, health: Health, message: str = "") -> None:
-        """Set a device's health; a GPU's health also applies to the MIG devices carved from it."""
+    def set_health(self, device_name: str, health: Health, message: str = "", *, source: str = "manual") -> None:
+        """Set a device's health as `source` sees it; a GPU's health also applies to its MIG devices.
+
+        Each source has its own layer, so one source reporting Healthy cannot hide another's Unhealthy.
+        """
         now = self._clock()
         with self._cond:
             # A GPU in MIG mode is not published itself, only its MIG devices, which share its fate.
             targets = [n for n in self._states if n == device_name or _parent_gpu(n) == device_name]
             if not targets:
                 raise KeyError(f"device {device_name!r} is not published by this node (pool {self.pool_name})")
+            layer = self._layers.setdefault(source, {})
             changed = False
             for name in targets:
                 text = message if name == device_name or not message else f"{device_name}: {message}"
+                if health is Health.HEALTHY and not message:
+                    layer.pop(name, None)
+                else:
+                    layer[name] = (health, text)
+                worst = max(
+                    (states[name] for states in self._layers.values() if name in states),
+                    key=lambda hm: _SEVERITY[hm[0]],
+                    default=(Health.HEALTHY, ""),
+                )
                 old = self._states[name]
-                if (old.health, old.message) != (health, text):
-                    self._states[name] = DeviceHealth(name, health, text, now)
+                if (old.health, old.message) != worst:
+                    self._states[name] = DeviceHealth(name, worst[0], worst[1], now)
                     changed = True
             if changed:
                 self._changed()
@@ -247,7 +270,7 @@ class FileHealthSource:
         migs = [n for n in names if _parent_gpu(n) != n and n in overrides]
         for name in gpus + migs:
             health, message = overrides.get(name, (Health.HEALTHY, ""))
-            self._board.set_health(name, health, message)
+            self._board.set_health(name, health, message, source="file")
         for name in overrides.keys() - set(names):
             log.warning("health file names an unknown device", path=str(self.path), device=name)
 

@@ -93,6 +93,18 @@ class PluginMetrics:
             "Devices currently reported to kubelet as not healthy.",
             registry=r,
         )
+        self.health_events = Counter(
+            "tessera_plugin_health_events",
+            "GPU health events received, by class (xid, ecc-double-bit, gpu-lost, nvlink-down, reset, ignored).",
+            ["event_class"],
+            registry=r,
+        )
+        self.tainted_devices = Gauge(
+            "tessera_plugin_tainted_devices",
+            "Published devices that currently carry a health taint, by effect.",
+            ["effect"],
+            registry=r,
+        )
         self._publisher: PublisherStatusFn | None = None
         r.register(_PublisherCollector(self))
 

@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from driver import DRIVER_NAME
+from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
+from driver.nvmlevents import NvmlEventSource
 from driver.shutdown import restore_handlers, stop_on_signals
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer, remove_dead_sockets
@@ -35,6 +37,7 @@ from kubeletplugin.health import (
     HealthBoard,
     device_names_from_slices,
 )
+from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor
 from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
@@ -47,6 +50,7 @@ log = structlog.get_logger(__name__)
 
 MIG_STRATEGIES = ("none", "static", "dynamic")
 SIMULATED_HEALTH_FILE = "simulated-health.json"
+HEALTH_CONDITIONS_FILE = "health-conditions.json"
 
 
 class PluginConfigError(ValueError):
@@ -72,6 +76,7 @@ class PluginConfig:
     stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
     # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
     instance_id: str = ""
+    health_policy: HealthPolicy = field(default_factory=HealthPolicy)  # event class -> taint (driver.health)
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +142,18 @@ class KubeletPlugin:
         self.health_source: FileHealthSource | None = (
             FileHealthSource(config.state_dir / SIMULATED_HEALTH_FILE, self.health) if config.simulated else None
         )
+        # GPU health events become taints on the slices and health on kubelet's stream.
+        # Simulated nodes rebuild their conditions by replaying the event log; NVML nodes save them
+        # (NVML reports an event once) and read the log only as an operator's channel (a reset).
+        self.health_monitor = HealthMonitor(
+            inventory, config.mig_strategy, self.health, self._publish_slices,
+            policy=config.health_policy, metrics=self.metrics,
+            state_file=None if config.simulated else config.state_dir / HEALTH_CONDITIONS_FILE,
+        )
+        self.event_source: EventLogSource | None = EventLogSource(
+            config.state_dir / EVENT_LOG_FILE, self.health_monitor, replay=config.simulated
+        )
+        self.nvml_events: NvmlEventSource | None = None
         self.service = DraService(api, state, metrics=self.metrics, pool=config.node_name)
         health_servicer = DRAResourceHealthServicer(self.health, resend_interval=health_resend_interval)
         self.registration = RegistrationServicer(paths.dra_socket, on_status=self._on_registration)
@@ -171,6 +188,11 @@ class KubeletPlugin:
             if self.health_source is not None:
                 self.health_source.start()
             remove_dead_sockets(self.config.socket_paths)
+            self.health_monitor.refresh()  # conditions saved before a restart are published again at once
+            if self.event_source is not None:
+                self.event_source.start()
+            if self.config.nvml:
+                self._start_nvml_events()
             self.dra_server.start()
             self.registration_server.start()
             self.metrics_server.start()
@@ -204,6 +226,10 @@ class KubeletPlugin:
         self.service.close()
         if self.health_source is not None:
             self.health_source.stop()
+        if self.event_source is not None:
+            self.event_source.stop()
+        if self.nvml_events is not None:
+            self.nvml_events.stop()
         if self._publisher_started:
             try:
                 # another instance still serving keeps the slices (and takes over publishing them)
@@ -228,6 +254,25 @@ class KubeletPlugin:
         if status.state == "standby":
             return True, "ok (publisher standby: another plugin instance on this node publishes)"
         return True, f"ok (publisher {status.state})"
+
+    def _start_nvml_events(self, nvml: Any = None) -> None:
+        """NVML health events; without them the node still serves, so a failure here is logged, not fatal."""
+        from driver.nvml import _import_pynvml
+
+        try:
+            module = nvml or _import_pynvml()
+            module.nvmlInit()
+            source = NvmlEventSource(module, [g.index for g in self.inventory.gpus], self.health_monitor.handle,
+                                     policy=self.config.health_policy)
+            source.start()
+        except Exception as exc:  # no library, no driver, no permission: health events are off
+            log.error("NVML health events are off: cannot watch the GPUs", error=str(exc))
+            return
+        self.nvml_events = source
+
+    def _publish_slices(self, slices: list[dict[str, Any]]) -> None:
+        self.slices = slices
+        self.publisher.update(slices)
 
     def _start_publisher(self) -> None:
         self.publisher.start()

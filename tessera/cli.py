@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("tessera.cmd_controller", "run the admission webhook and inventory cache"),
     "check": ("tessera.cmd_check", "check DeviceClass/ResourceClaim YAML offline"),
     "explain": ("tessera.cmd_explain", "why a pod or claim does not get its GPUs, step by step"),
+    "inject-health-event": ("tessera.cmd_inject", "simulate a GPU health event on a simulated node (demos, tests)"),
     "status": ("tessera.cmd_status", "which claims and pods hold which GPU, and what is free"),
 }
 

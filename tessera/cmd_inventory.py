@@ -6,6 +6,7 @@ import argparse
 import json
 import socket
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 
@@ -18,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="node (and pool) name to publish under (default: this host's name, lower case)")
     parser.add_argument("--mig-strategy", choices=["none", "static", "dynamic"], default="static",
                         help="how MIG is published (default: static)")
+    parser.add_argument("--health-events", metavar="FILE", type=Path, default=None,
+                        help="a node agent's health event log (<state-dir>/health-events.jsonl): show the taints "
+                        "those events put on the devices (docs/health.md)")
     parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
                         help="table: devices at a glance; json: a v1 List of the slices; yaml: one document per slice")
 
@@ -77,8 +81,39 @@ def render_table(inventory: Any, slices: list[dict[str, Any]], out: TextIO) -> N
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    tainted = [(d["name"], t)
+               for obj in slices for d in obj["spec"].get("devices") or [] for t in d.get("taints") or []]
+    if tainted:
+        out.write("\nHEALTH TAINTS\n")
+        for name, t in tainted:
+            out.write(f"{name}  {t['key']}={t['value']}:{t['effect']}  since {t.get('timeAdded', '-')}\n")
     out.write(f"\n{len(slices)} ResourceSlice(s), {device_total} device(s), {counter_sets} counter set(s) in pool "
               f"{inventory.node_name}; -o yaml prints them\n")
+
+
+def health_taints(path: Path, gpu_indexes: list[int]) -> dict[int, list[dict[str, str]]]:
+    """The taints a node agent would publish after the events in its log; ValueError names the bad line."""
+    import time
+
+    from driver.health import GpuConditions, parse_event
+
+    book = GpuConditions()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the health event log: {exc.strerror or exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON: {exc}") from exc
+        event = parse_event(raw, where, gpu_indexes=gpu_indexes, default_time=time.time(), policy=book.policy)
+        if event is not None:
+            book.apply(event)
+    return book.taints_by_gpu()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,8 +123,10 @@ def run(args: argparse.Namespace) -> int:
     node = args.node or default_node_name()
     try:
         inventory = load_inventory(node, simulate=args.simulate, nvml=args.nvml)
-        slices = named_slices(build_slices(inventory, mig_strategy=args.mig_strategy), node)
-    except (DiscoveryError, SliceBuildError) as exc:
+        taints = (health_taints(args.health_events, [g.index for g in inventory.gpus])
+                  if args.health_events else None)
+        slices = named_slices(build_slices(inventory, mig_strategy=args.mig_strategy, taints=taints), node)
+    except (DiscoveryError, SliceBuildError, ValueError) as exc:
         sys.stderr.write(f"tessera inventory: {exc}\n")
         return 1
 

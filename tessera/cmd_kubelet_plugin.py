@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -51,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sockets so that an upgrade can start the new pod before the old one stops (default: fixed socket names)",
     )
     parser.add_argument(
+        "--health-policy", default="", metavar="JSON",
+        help="GPU health policy as JSON: {\"ignoredXids\": [13, ...], \"taints\": {\"<event class>\": "
+        "{\"effect\": \"NoExecute\", \"clearsOnReset\": true}}} (docs/health.md; default: the built-in policy)",
+    )
+    parser.add_argument(
         "--cleanup-on-exit", action="store_true",
         help="delete this node's ResourceSlices on SIGTERM (uninstall); by default they stay for the next start",
     )
@@ -59,9 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import structlog
 
+    from driver.health import HealthPolicy
     from kubeletplugin.plugin import PluginConfig, PluginConfigError, run_plugin
 
     try:
+        try:
+            policy = HealthPolicy.from_mapping(json.loads(args.health_policy) if args.health_policy else None,
+                                               "--health-policy")
+        except ValueError as exc:  # JSONDecodeError included
+            raise PluginConfigError(f"--health-policy: {exc}" if "--health-policy" not in str(exc) else str(exc)) \
+                from exc
         config = PluginConfig(
             node_name=args.node_name,
             kubelet_dir=args.kubelet_dir.absolute(),
@@ -76,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             cleanup_on_exit=args.cleanup_on_exit,
             kubeconfig=args.kubeconfig,
             instance_id=args.instance_id,
+            health_policy=policy,
         )
     except PluginConfigError as exc:
         structlog.get_logger(__name__).error("invalid kubelet-plugin flags", error=str(exc))

@@ -35,6 +35,7 @@ NVMLError_DriverNotLoaded = _real.NVMLError_DriverNotLoaded
 NVMLError_FunctionNotFound = _real.NVMLError_FunctionNotFound
 NVMLError_GpuIsLost = _real.NVMLError_GpuIsLost
 NVMLError_Unknown = _real.NVMLError_Unknown
+NVMLError_Timeout = _real.NVMLError_Timeout
 
 MIB = 1024 * 1024
 
@@ -113,6 +114,10 @@ class FakeNvml:
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_Unknown = NVMLError_Unknown
+    NVMLError_Timeout = NVMLError_Timeout
+    nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
+    nvmlEventTypeDoubleBitEccError = _real.nvmlEventTypeDoubleBitEccError
+    nvmlEventTypeSingleBitEccError = _real.nvmlEventTypeSingleBitEccError
 
     NVML_NVLINK_MAX_LINKS = _real.NVML_NVLINK_MAX_LINKS
     NVML_GPU_INSTANCE_PROFILE_COUNT = _real.NVML_GPU_INSTANCE_PROFILE_COUNT
@@ -138,6 +143,10 @@ class FakeNvml:
         self.initialized = False
         self.init_calls = 0
         self.shutdown_calls = 0
+        # events: (gpu index, event type, event data) waiting in the event set; registrations per GPU
+        self.pending_events: list[tuple[int, int, int]] = []
+        self.registered: dict[int, int] = {}
+        self.event_sets = 0
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -336,6 +345,36 @@ class FakeNvml:
         if link >= len(gpu.links):
             raise NVMLError_NotSupported()
         return gpu.links[link]
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> object:
+        self._check("nvmlEventSetCreate")
+        self.event_sets += 1
+        return object()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._check("nvmlEventSetFree")
+        self.event_sets -= 1
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int:
+        gpu = self._gpu("nvmlDeviceGetSupportedEventTypes", handle)
+        del gpu
+        return (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeDoubleBitEccError
+                | _real.nvmlEventTypeSingleBitEccError)
+
+    def nvmlDeviceRegisterEvents(self, handle: object, types: int, event_set: object) -> None:
+        self._gpu("nvmlDeviceRegisterEvents", handle)
+        self.registered[handle.index] = types  # type: ignore[attr-defined]
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        self._check("nvmlEventSetWait_v2")
+        for i, (index, kind, data) in enumerate(self.pending_events):
+            if self.registered.get(index, 0) & kind:
+                del self.pending_events[i]
+                return SimpleNamespace(device=_Handle(index), eventType=kind, eventData=data, gpuInstanceId=0xFFFFFFFF,
+                                       computeInstanceId=0xFFFFFFFF)
+        raise NVMLError_Timeout()
 
     def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
         return int(self._link("nvmlDeviceGetNvLinkState", handle, link).active)

@@ -191,3 +191,11 @@ def test_webhook_load_bench_measures_benign_reviews_with_and_without_hostile_one
     assert result.hostile_outcomes["(benign, no load): /readyz HTTP 200"] == 3
     assert sum(n for outcome, n in result.hostile_outcomes.items() if not outcome.startswith("(")) > 0
     assert "Server: max_reviews=4" in webhook_load_bench.render(result)
+
+
+def test_health_benchmark_renders_every_stage() -> None:
+    from benchmarks import health_bench
+
+    results = {stage: summarize([float(i + 1) * 100 for i in range(3)]) for stage in health_bench.STAGES}
+    rendered = health_bench.render(results)
+    assert all(stage in rendered for stage in health_bench.STAGES)

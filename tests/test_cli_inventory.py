@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,3 +137,29 @@ def test_publish_runs_until_sigterm_and_cleans_up_when_asked(fake: FakeKubeAPI,
     fake.close_watches()
     assert result == [0]
     assert fake.slices == {}
+
+
+def test_injected_health_events_show_as_taints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from kubeletplugin.healthmonitor import append_event
+
+    log = tmp_path / "health-events.jsonl"
+    append_event(log, {"gpu": 1, "event": "gpu-lost", "time": 1_790_000_000})
+    append_event(log, {"gpu": 2, "event": "xid", "xid": 13})  # application-caused: no taint
+    rc, out, _ = run(capsys, "inventory", "--simulate", "mixed", "--node", "node-a", "--health-events", str(log))
+    assert rc == 0
+    section = out.split("HEALTH TAINTS\n")[1].split("\n\n")[0].splitlines()
+    assert section == [f"{m}  gpu.tessera.dev/gpu-lost=fallen-off-bus:NoExecute  since 2026-09-21T14:13:20Z"
+                       for m in ("gpu-1-mig-1g10gb-6", "gpu-1-mig-2g20gb-4", "gpu-1-mig-3g40gb-0")]
+    rc, out, _ = run(capsys, "inventory", "--simulate", "mixed", "--node", "node-a", "--health-events", str(log),
+                     "-o", "json")
+    tainted = [d["name"] for s in json.loads(out)["items"] for d in s["spec"]["devices"] if d.get("taints")]
+    assert len(tainted) == 3
+
+
+def test_bad_health_event_log_is_an_error_naming_the_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    log = tmp_path / "health-events.jsonl"
+    log.write_text('{"gpu": 0, "event": "gpu-lost"}\n{"gpu": 0, "event": "melted"}\n')
+    rc, _, err = run(capsys, "inventory", "--simulate", "mixed", "--node", "node-a", "--health-events", str(log))
+    assert rc == 1 and "line 2.event: unknown health event 'melted'" in err
+    rc, _, err = run(capsys, "inventory", "--simulate", "mixed", "--health-events", str(tmp_path / "nope"))
+    assert rc == 1 and "cannot read the health event log" in err

@@ -366,3 +366,19 @@ def test_a_missing_class_in_any_alternative_stops_the_claim(cluster: FakeCluster
     e = explain(cluster)
     assert e.verdict.step == "class"
     assert 'DeviceClass "retired.gpu.tessera.dev", which does not exist' in e.verdict.reason
+
+
+def test_a_tessera_health_taint_says_the_gpu_is_unhealthy_and_tolerating_is_for_diagnostics(
+    cluster: FakeCluster,
+) -> None:
+    taint = {"key": "gpu.tessera.dev/ecc-double-bit", "value": "double-bit", "effect": "NoExecute"}
+    cluster.edit_device("node-a", "gpu-0", taints=[taint])
+    cluster.claim("want", exactly())
+    cluster.pod("p", "want", node_selector=ON_A)
+    for i in (1, 2, 3):
+        cluster.run_pod(f"h{i}", f"h{i}", ("node-a", f"gpu-{i}"))
+    e = explain(cluster)
+    assert e.verdict.step == "taints"
+    assert e.verdict.fix.startswith("tessera marked the GPU unhealthy (gpu.tessera.dev/ecc-double-bit=double-bit:"
+                                    "NoExecute; docs/health.md)")
+    assert "for a diagnostics job only" in e.verdict.fix

@@ -897,3 +897,18 @@ def test_chart_refuses_clusters_without_resource_k8s_io_v1(tools):
     )
     assert proc.returncode != 0
     assert "chart requires kubeVersion: >=1.34.0-0 which is incompatible with Kubernetes v1.33.4" in proc.stderr
+
+
+def test_chart_health_values_render_to_a_policy_equal_to_the_built_in_one_and_follow_changes(tools):
+    import json as _json
+
+    from driver.health import EventClass, HealthPolicy
+
+    def policy(*sets):
+        args = container(one(render(tools, *sets), "DaemonSet"))["args"]
+        flag = next(a for a in args if a.startswith("--health-policy="))
+        return HealthPolicy.from_mapping(_json.loads(flag.split("=", 1)[1]))
+
+    assert policy() == HealthPolicy()
+    changed = policy("kubeletPlugin.health.taints.xid.effect=NoExecute", "kubeletPlugin.health.ignoredXids={13}")
+    assert changed.rules[EventClass.XID].effect == "NoExecute" and changed.ignored_xids == frozenset({13})

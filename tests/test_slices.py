@@ -348,3 +348,33 @@ def test_long_node_names_still_give_valid_distinct_slice_names_and_labels() -> N
     assert node_label_value(long_a) != node_label_value(long_b)
     slices = build_slices(make_inventory(make_gpu(0), node=long_a))
     assert validate_pool(slices) == []
+
+
+# -- taints (driver.health) ------------------------------------------------------------------------------------
+
+TAINT = {"key": f"{DRIVER_NAME}/gpu-lost", "value": "fallen-off-bus", "effect": "NoExecute",
+         "timeAdded": "2026-11-25T13:00:00Z"}
+
+
+def test_a_gpus_taints_land_on_it_and_on_its_static_mig_devices_only() -> None:
+    parent = make_gpu(0, mig_enabled=True, mig_instances=(mig_instance("1g.10gb", 6), mig_instance("3g.40gb", 0)))
+    slices = build_slices(make_inventory(parent, make_gpu(1), make_gpu(2)), taints={0: [TAINT], 2: [TAINT]})
+    tainted = sorted(d["name"] for d in devices(slices) if d.get("taints"))
+    assert tainted == ["gpu-0-mig-1g10gb-6", "gpu-0-mig-3g40gb-0", "gpu-2"]
+    assert device(slices, "gpu-2")["taints"] == [TAINT]
+    assert validate_pool(slices) == []
+
+
+def test_dynamic_mig_taints_the_whole_gpu_and_every_partition_of_it() -> None:
+    slices = build_slices(make_inventory(make_gpu(0), make_gpu(1)), mig_strategy="dynamic", taints={1: [TAINT]})
+    tainted = {d["name"] for d in devices(slices) if d.get("taints")}
+    gpu1 = {d["name"] for d in devices(slices) if d["name"] == "gpu-1" or d["name"].startswith("gpu-1-")}
+    assert tainted == gpu1 and "gpu-1" in tainted and len(gpu1) > 10
+
+
+def test_one_tainted_gpu_splits_a_full_slice_to_the_64_device_limit() -> None:
+    gpus = [make_gpu(i, mig_capable=False) for i in range(100)]
+    assert [len(s["spec"]["devices"]) for s in build_slices(make_inventory(*gpus))] == [100]
+    slices = build_slices(make_inventory(*gpus), taints={0: [TAINT]})
+    assert [len(s["spec"]["devices"]) for s in slices] == [64, 36]
+    assert validate_pool(slices) == []

@@ -16,6 +16,7 @@ from controller.explain.state import Holder
 from controller.inventory import DeviceIndex, InventoryDevice
 from controller.matching import Evaluator, Requirement, match
 from controller.selectors import compile_selectors
+from driver import DRIVER_NAME
 
 Obj = dict[str, Any]
 MAX_NAMED = 3
@@ -224,9 +225,13 @@ def _taints(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Ver
         toleration["value"] = f'"{taint["value"]}"'
     toleration["effect"] = taint.get("effect")
     shown = ", ".join(f"{k}: {v}" for k, v in toleration.items())
+    fix = f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the admin to remove the taint'
+    if str(taint.get("key", "")).startswith(f"{DRIVER_NAME}/"):
+        # tessera's own health taints: the GPU is sick, tolerating it is for diagnostics only
+        fix = (f"tessera marked the GPU unhealthy ({fmt_taint(taint)}; docs/health.md): wait until it is reset or "
+               f'repaired, or, for a diagnostics job only, add the toleration {{{shown}}} to request "{f.request.ref}"')
     return Verdict(False, "taints", f"every remaining device carries a taint request \"{f.request.ref}\" does not "
-                   f"tolerate: {named}", f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the '
-                   "admin to remove the taint", tuple(d.device.ref for d in drops))
+                   f"tolerate: {named}", fix, tuple(d.device.ref for d in drops))
 
 
 def _counters(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
