@@ -40,8 +40,6 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
     "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
-    "Deployment": ("/apis/apps/v1", "deployments", True),
-    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "ValidatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False),
     "MutatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
