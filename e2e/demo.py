@@ -24,7 +24,7 @@ from functools import partial
 from e2e.cluster import DRIVER, Cluster, NodeSpec
 from e2e.kube import Kube, Obj
 from e2e.node.hermetic import differences, machine_snapshot
-from e2e.node.realnode import kill_node, real_node_unavailable
+from e2e.node.realnode import kill_node, pid_alive, real_node_unavailable
 from e2e.processes import REPO, ClusterError, wait_for
 from e2e.realpods import StartedPod, probe_pod, wait_reported
 from e2e.workloads import (
@@ -76,16 +76,6 @@ def demo_nodes() -> tuple[list[NodeSpec], str]:
     return nodes, reason
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def down() -> int:
     if not PIDS.exists():
         print("no demo is running (no .demo/pids.json)")
@@ -95,16 +85,16 @@ def down() -> int:
         kill_node(node["holder"], node["cgroup"])
     # Reverse start order: node agents first, the apiserver and etcd last.
     for entry in reversed(pids["processes"]):
-        if _alive(entry["pid"]):
+        if pid_alive(entry["pid"]):
             try:
                 os.killpg(entry["pid"], signal.SIGTERM)
             except ProcessLookupError:
                 continue
     deadline = time.monotonic() + 15
     for entry in reversed(pids["processes"]):
-        while _alive(entry["pid"]) and time.monotonic() < deadline:
+        while pid_alive(entry["pid"]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(entry["pid"]):
+        if pid_alive(entry["pid"]):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(entry["pid"], signal.SIGKILL)
     for path in pids.get("cleanup", []):
@@ -188,7 +178,7 @@ def _run_examples(cluster: Cluster, memory_of: dict[tuple[str, str], int]) -> tu
 
 
 def up() -> int:
-    if PIDS.exists() and any(_alive(p["pid"]) for p in json.loads(PIDS.read_text())["processes"]):
+    if PIDS.exists() and any(pid_alive(p["pid"]) for p in json.loads(PIDS.read_text())["processes"]):
         print(f"a demo is already running (kubeconfig {DEMO_DIR / 'cluster' / 'kubeconfig'}); `make demo-down` first")
         return 1
     if DEMO_DIR.exists():

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from e2e.node.realnode import CGROUP_PREFIX, OWNER_ENV
+from e2e.node.realnode import CGROUP_PREFIX, OWNER_ENV, pid_alive
 
 WATCHED_DIRS = ("/", "/opt", "/var/lib", "/var/log", "/etc/cni", "/run")
 NODE_PROCESSES = ("containerd", "containerd-shim", "containerd-shim-runc-v2", "kubelet", "runc", "pause")
@@ -31,30 +31,20 @@ def _mount_points() -> list[str]:
         return sorted(line.split()[4] for line in f)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _others_live_owners() -> set[int]:
     """Other runs (another e2e session, a running demo) whose real nodes are up: not ours to judge."""
     owners = set()
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         for d in hierarchy.glob(CGROUP_PREFIX + "*") if hierarchy.is_dir() else ():
             m = re.match(re.escape(CGROUP_PREFIX) + r"(\d+)-", d.name)
-            if m and int(m.group(1)) != os.getpid() and _alive(int(m.group(1))):
+            if m and int(m.group(1)) != os.getpid() and pid_alive(int(m.group(1))):
                 owners.add(int(m.group(1)))
     return owners
 
 
 def _theirs(name: str, others: set[int]) -> bool:
     m = re.match(re.escape(CGROUP_PREFIX) + r"(\d+)-", name)
-    return bool(m) and int(m.group(1)) in others
+    return m is not None and int(m.group(1)) in others
 
 
 def _cgroups(others: set[int]) -> list[str]:

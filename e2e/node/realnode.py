@@ -141,7 +141,8 @@ def _kill_namespace(holder_pid: int) -> None:
         os.kill(holder_pid, signal.SIGKILL)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (it may belong to another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -170,14 +171,14 @@ def clean_stale_nodes() -> list[str]:
         for var in environ:
             if var.startswith(OWNER_ENV.encode() + b"="):
                 owner, _, node_dir = var.split(b"=", 1)[1].decode().partition(":")
-                if owner.isdigit() and not _pid_alive(int(owner)) and int(owner) != os.getpid():
+                if owner.isdigit() and not pid_alive(int(owner)) and int(owner) != os.getpid():
                     _kill_namespace(int(entry.name))
                     cleaned.append(node_dir)
     pattern = re.compile(re.escape(CGROUP_PREFIX) + r"(\d+)-")
     for hierarchy in _cgroup_hierarchies():
         for d in hierarchy.glob(CGROUP_PREFIX + "*"):
             m = pattern.match(d.name)
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 _kill_cgroup_tree(d.name)
                 cleaned.append(d.name)
     return sorted(set(cleaned))
