@@ -223,6 +223,8 @@ def parse_claim_allocation(
 
 def _consumed_memory(result: dict[str, Any], target: DeviceTarget, device: str, path: str) -> int | None:
     consumed = result.get("consumedCapacity") or {}
+    if not isinstance(consumed, dict):
+        raise AllocationError(f"{path}.consumedCapacity: must be an object, got {type(consumed).__name__}")
     if "memory" not in consumed:
         return None
     try:

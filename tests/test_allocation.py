@@ -164,6 +164,13 @@ def test_malformed_consumed_memory_is_an_error():
         parse(make_claim([share("gpu-0", "12GB")]))
 
 
+@pytest.mark.parametrize("consumed", [7, "10Gi", ["10Gi"], True])
+def test_consumed_capacity_that_is_not_an_object_is_an_error(consumed: object):
+    # found by the gRPC fuzzer: an int here was a TypeError (an internal error) instead of a claim error
+    with pytest.raises(AllocationError, match=r"results\[0\]\.consumedCapacity: must be an object, got "):
+        parse(make_claim([result("gpu-0", consumedCapacity=consumed)]))
+
+
 def test_zero_consumed_memory_is_an_error():
     with pytest.raises(AllocationError, match="must be larger than zero"):
         parse(make_claim([share("gpu-0", "0")]))
