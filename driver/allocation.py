@@ -174,7 +174,10 @@ def parse_claim_allocation(
     if not allocation:
         raise AllocationError(f"ResourceClaim {namespace}/{name} is not allocated (status.allocation is missing)")
     devices_part = allocation.get("devices") or {}
-    configs = _decode_configs(devices_part.get("config") or [], driver)
+    raw_configs = devices_part.get("config") or []
+    if not isinstance(raw_configs, list):
+        raise AllocationError(f"{_CONFIGS}: must be a list, got {type(raw_configs).__name__}")
+    configs = _decode_configs(raw_configs, driver)
 
     out: list[AllocatedDevice] = []
     seen: set[tuple[str, str, str]] = set()
@@ -254,7 +257,10 @@ def _decode_configs(entries: list[Any], driver: str) -> list[tuple[tuple[str, ..
             continue
         path = f"{_CONFIGS}[{i}].opaque.parameters"
         config = decode_gpu_config(opaque.get("parameters"), path)
-        requests = tuple(str(r) for r in entry.get("requests") or ())
+        raw_requests = entry.get("requests") or []
+        if not isinstance(raw_requests, list):
+            raise AllocationError(f"{_CONFIGS}[{i}].requests: must be a list, got {type(raw_requests).__name__}")
+        requests = tuple(str(r) for r in raw_requests)
         rank = 0 if entry.get("source") == "FromClass" else 1
         decoded.append((rank, i, requests, config))
     decoded.sort(key=lambda d: (d[0], d[1]))

@@ -171,6 +171,19 @@ def test_consumed_capacity_that_is_not_an_object_is_an_error(consumed: object):
         parse(make_claim([result("gpu-0", consumedCapacity=consumed)]))
 
 
+@pytest.mark.parametrize(("configs", "message"), [
+    (True, r"status\.allocation\.devices\.config: must be a list, got bool"),
+    ([{**gpu_config(), "requests": True}],
+     r"status\.allocation\.devices\.config\[0\]\.requests: must be a list, got bool"),
+])
+def test_configs_of_the_wrong_shape_are_an_error(configs: object, message: str):
+    # found by the gRPC fuzzer: these were TypeErrors (internal errors) instead of claim errors
+    claim = make_claim([result("gpu-0")])
+    claim["status"]["allocation"]["devices"]["config"] = configs
+    with pytest.raises(AllocationError, match=message):
+        parse(claim)
+
+
 def test_zero_consumed_memory_is_an_error():
     with pytest.raises(AllocationError, match="must be larger than zero"):
         parse(make_claim([share("gpu-0", "0")]))
