@@ -181,14 +181,15 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     if shutil.which("mount") is None or shutil.which("umount") is None:
         pytest.skip("no mount(8) here")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(mount)],
+    # -n everywhere: util-linux would otherwise record the mount in the machine's /run/mount/utab
+    proc = subprocess.run(["mount", "-n", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)  # fmt: skip
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run(["umount", "-n", "-l", str(mount)], check=False)
 
 
 def test_full_cdi_tmpfs(tiny_tmpfs: Path) -> None:
@@ -215,14 +216,14 @@ def test_full_cdi_tmpfs(tiny_tmpfs: Path) -> None:
 def test_read_only_cdi_mount(tiny_tmpfs: Path) -> None:
     state = node(tiny_tmpfs.parent)
     assert prepare_share(state, UID2, "gpu-5") == ""
-    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    subprocess.run(["mount", "-n", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
     error = prepare_share(state)
     assert "Read-only file system" in error, error
     assert_failed_claim_gone(state, UID, UID2, read_spec(state.cdi_dir, UID2))
     # unprepare cannot delete the spec either: an error kubelet retries, the entry kept for the retry
     unprepared = state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     assert "Read-only file system" in unprepared
-    subprocess.run(["mount", "-o", "remount,rw", str(tiny_tmpfs)], check=True)
+    subprocess.run(["mount", "-n", "-o", "remount,rw", str(tiny_tmpfs)], check=True)
     assert state.unprepare(ClaimRef("team-a", UID2[-4:], UID2)) == ""
     assert prepare_share(state) == ""
     assert claim_spec_uids(state.cdi_dir) == [UID]
