@@ -16,9 +16,7 @@ batched with the claims already prepared. The properties:
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +28,7 @@ from driver.discovery import load_inventory
 from kubeletplugin.types import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import ClaimAnswer, KubeletClient, PluginConnection, short_tmpdir
+from tests.nodefiles import snapshot
 from tests.test_plugin_process import NODE, make_config
 
 DRIVER = "gpu.tessera.dev"
@@ -106,26 +105,6 @@ def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
     for key in keys[:-1]:
         target = target[key]
     target[keys[-1]] = value
-
-
-RECORDS = ("fake-mps.json", "mig-instances.json", "fake-timeslice.json")
-
-
-def snapshot(*dirs: Path) -> dict[str, Any]:
-    """Every file the node holds: the checkpoint's claims decoded, an empty record file as no file."""
-    out: dict[str, Any] = {}
-    for d in dirs:
-        for p in sorted(d.rglob("*")):
-            if not p.is_file() or p.name.endswith(".lock"):  # locks hold no state
-                continue
-            if p.name == "checkpoint.json":
-                out[str(p)] = json.loads(p.read_bytes())["claims"]
-            elif p.name in RECORDS:
-                if json.loads(p.read_bytes()):
-                    out[str(p)] = json.loads(p.read_bytes())
-            else:
-                out[str(p)] = p.read_bytes()
-    return out
 
 
 class Rig:

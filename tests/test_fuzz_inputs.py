@@ -16,7 +16,6 @@ bounded max_examples and no deadline; the counts land in docs/reliability.md.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from driver.model import Inventory
 from kubeletplugin.types import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import KubeletClient, PluginConnection, short_tmpdir
+from tests.nodefiles import snapshot
 from tests.test_plugin_process import NODE, make_config
 from tests.test_webhook_admission import claim as admission_claim
 from tests.test_webhook_admission import handler as handler  # noqa: PLC0414 (module-scoped fixture)
@@ -89,29 +89,6 @@ def mutations(base: Any) -> st.SearchStrategy[Any]:
         return doc
 
     return mutate()
-
-
-BOOKKEEPING = {"checkpoint.json": "claims", "fake-mps.json": None, "mig-instances.json": None,
-               "fake-timeslice.json": None}
-
-
-def snapshot(*dirs: Path) -> dict[str, Any]:
-    """What the node holds: every file, except that an empty record file counts as no file."""
-    out: dict[str, Any] = {}
-    for d in dirs:
-        if d.exists():
-            for p in sorted(d.rglob("*")):
-                if not p.is_file() or p.name.endswith(".lock"):  # locks hold no state
-                    continue
-                if p.name in BOOKKEEPING:
-                    doc = json.loads(p.read_bytes())
-                    key = BOOKKEEPING[p.name]
-                    content = doc.get(key) if key and isinstance(doc, dict) else doc
-                    if content:
-                        out[str(p)] = content
-                else:
-                    out[str(p)] = p.read_bytes()
-    return out
 
 
 # -- gRPC handlers -----------------------------------------------------------------------------------
