@@ -38,6 +38,7 @@ from e2e.workloads import (
     request,
     slices_of,
     spread_config,
+    time_slicing_config,
     wait_running,
 )
 
@@ -47,9 +48,6 @@ MACHINE_BEFORE = DEMO_DIR / "machine-before.json"
 NAMESPACE = "demo"
 DGX, A100 = "demo-dgx", "demo-a100"
 GiB = 1024**3
-TIME_SLICING = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-    "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
-    "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
 
 # (pod, what it shows, claim spec, node it is pinned to, its containers). Every example is pinned,
 # so the two shares land on one card (first fit) and the table reads the same on every run.
@@ -64,7 +62,8 @@ EXAMPLES: list[tuple[str, str, Obj, str, list[str]]] = [
         "gpu", device_class=f"mig.{DRIVER}", selectors=[f'device.attributes["{DRIVER}"].profile == "1g.10gb"'])),
      DGX, ["cuda"]),
     ("time-sliced", "1 GPU time-sliced by 2 containers",
-     claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=TIME_SLICING), A100, ["trainer", "sidecar"]),
+     claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=time_slicing_config()), A100,
+     ["trainer", "sidecar"]),
 ]
 
 

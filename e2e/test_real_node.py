@@ -30,6 +30,7 @@ from e2e.workloads import (
     request,
     slices_of,
     spread_config,
+    time_slicing_config,
 )
 
 
@@ -162,9 +163,7 @@ def test_dynamic_mig_1g(kube: Kube, real_dgx: RealNode, namespace: str) -> None:
 
 
 def test_time_sliced_claim_shared_by_two_containers(kube: Kube, real_a100: RealNode, namespace: str) -> None:
-    config = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
-        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
+    config = time_slicing_config()
     kube.create(claim("sliced", namespace, claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=config)))
     kube.create(probe_pod("sliced", namespace, real_a100.name, claims={"gpu": "sliced"},
                           containers={"trainer": ["gpu"], "sidecar": ["gpu"]}))

@@ -21,7 +21,15 @@ from e2e.kube import Kube, Obj
 from e2e.node.realnode import RealNode
 from e2e.processes import wait_for
 from e2e.realpods import probe_pod, wait_reported
-from e2e.workloads import claim, claim_spec, claim_template, pod_claim_name, request, slices_of
+from e2e.workloads import (
+    claim,
+    claim_spec,
+    claim_template,
+    pod_claim_name,
+    request,
+    slices_of,
+    time_slicing_config,
+)
 
 EVENT_LOG = "health-events.jsonl"
 LOST = f"{DRIVER}/gpu-lost"
@@ -229,9 +237,7 @@ def test_no_schedule_keeps_new_claims_off_a_tolerating_claim_gets_it_and_reset_c
 def test_time_sliced_claim_is_evicted_with_its_gpu(
     kube: Kube, real_a100: RealNode, namespace: str, healthy_after: None
 ) -> None:
-    config = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
-        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
+    config = time_slicing_config()
     kube.create(claim("sliced", namespace, claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=config)))
     kube.create(probe_pod("sliced", namespace, real_a100.name, claims={"gpu": "sliced"},
                           containers={"trainer": ["gpu"], "sidecar": ["gpu"]}))

@@ -48,6 +48,13 @@ def spread_config(total: str, *, same_island: bool = False, requests: tuple[str,
         "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": sharing}}}]
 
 
+def time_slicing_config(interval: str = "Long", requests: tuple[str, ...] = ("gpu",)) -> list[Obj]:
+    """A GpuConfig sharing the request's GPU by time-slicing with the given interval."""
+    return [{"requests": list(requests), "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}}}}]
+
+
 def claim_template(name: str, namespace: str, spec: Obj) -> Obj:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": spec}}
