@@ -55,11 +55,6 @@ def probe_pod(name: str, namespace: str, node: str, *, templates: dict[str, str]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def plain_pod(name: str, namespace: str, node: str) -> Obj:
-    """The same probe pod with no claim: the reference for start-up cost."""
-    return probe_pod(name, namespace, node)
-
-
 @dataclass
 class ContainerView:
     """What one container printed about itself."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -126,8 +125,3 @@ def import_images(ctr: list[str], archives: dict[str, Path]) -> None:
         if proc.returncode != 0:
             raise RuntimeError(f"importing {name} from {archive} failed: {proc.stderr.strip() or proc.stdout.strip()}")
 
-
-def clean_cached(bin_dir: Path) -> None:
-    for name in ("pause-image.tar", "workload-image.tar"):
-        (bin_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(bin_dir / "images.tmp", ignore_errors=True)
