@@ -119,9 +119,5 @@ def import_images(ctr: list[str], archives: dict[str, Path]) -> None:
         proc = subprocess.run([*ctr, "-n", "k8s.io", "images", "import", "--local", str(archive)],
                               capture_output=True, text=True, check=False, timeout=120)
         if proc.returncode != 0:
-            # An older ctr has no --local; retry without it before giving up.
-            proc = subprocess.run([*ctr, "-n", "k8s.io", "images", "import", str(archive)],
-                                  capture_output=True, text=True, check=False, timeout=120)
-        if proc.returncode != 0:
             raise RuntimeError(f"importing {name} from {archive} failed: {proc.stderr.strip() or proc.stdout.strip()}")
 
