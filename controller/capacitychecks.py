@@ -22,7 +22,7 @@ MiB = 1 << 20
 
 def capacity_findings(capacity: Any, path: str, ctx: CheckContext) -> tuple[list[Finding], list[CapacityNeed]]:
     """Check `capacity` (the request's `capacity` field at `path`); returns findings and the valid needs."""
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     findings: list[Finding] = []
     needs: list[CapacityNeed] = []

@@ -24,7 +24,7 @@ Obj = dict[str, Any]
 
 def memory_bytes(quantity: str) -> int | None:
     """A capacity value as whole bytes, or None when it is not a valid quantity."""
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     try:
         return Quantity.parse(str(quantity)).value()

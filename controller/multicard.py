@@ -130,7 +130,7 @@ def fmt_bytes(n: int) -> str:
 
 
 def _bytes(quantity: str) -> int | None:
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     try:
         q = Quantity.parse(quantity)

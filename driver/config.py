@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from driver.cel.quantity import Quantity
+from driver.quantity import Quantity
 
 API_VERSION = "gpu.tessera.dev/v1alpha1"
 KIND = "GpuConfig"

@@ -1,4 +1,4 @@
-"""driver.cel.quantity against apimachinery's ParseQuantity golden behaviour."""
+"""driver.quantity against apimachinery's ParseQuantity golden behaviour."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.cel.quantity import INT64_MAX, Quantity, _go_pow10, canonical_roundtrip
+from driver.quantity import INT64_MAX, Quantity, _go_pow10, canonical_roundtrip
 
 
 @pytest.mark.parametrize(
