@@ -18,12 +18,12 @@ from driver.config import (
     config_applies,
     decode_gpu_config,
     merge_configs,
-    quantity_bytes,
     resolve_sharing,
 )
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu, Inventory, MigInstance
 from driver.names import mig_profile_token
+from driver.quantity import quantity_bytes
 
 DRIVER_NAME = "gpu.tessera.dev"
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from driver.allocation import AllocationError, parse_claim_allocation, resolve_device
-from driver.config import API_VERSION, ConfigError, Strategy, quantity_bytes
+from driver.config import API_VERSION, ConfigError, Strategy
 from driver.discovery import load_inventory
+from driver.quantity import quantity_bytes
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
 GIB = 1024**3
