@@ -315,6 +315,8 @@ def _validate_attribute_value(c: _Collector, value: Any, path: str) -> None:
             return
         if len(raw.encode()) > MAX_ATTRIBUTE_VALUE_LENGTH:
             c.add(vpath, f"must be at most {MAX_ATTRIBUTE_VALUE_LENGTH} bytes, has {len(raw.encode())}")
+        # Stricter than the apiserver's regex only for numbers past uint64, which the scheduler's semver()
+        # could not parse: such a device could never be selected by version.
         if kind == "version" and not Version.is_valid(raw):
             c.add(vpath, f"{raw!r} must be a string compatible with semver.org spec 2.0.0 "
                          "(MAJOR.MINOR.PATCH, no leading zeros, no 'v'), e.g. 12.4.0")
