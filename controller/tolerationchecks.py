@@ -13,11 +13,11 @@ from typing import Any
 
 from controller.context import CheckContext
 from controller.explain.funnel import tolerates
-from controller.findings import Finding, warning
+from controller.findings import DRIVER, Finding, warning
 
 __all__ = ["tolerates", "toleration_findings"]
 
-HEALTH_PREFIX = "gpu.tessera.dev/"
+HEALTH_PREFIX = f"{DRIVER}/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"
 _SHOWN = 3
 

@@ -13,16 +13,19 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from driver import DRIVER_NAME
+
 log = structlog.get_logger(__name__)
 
-CDI_VENDOR = "gpu.tessera.dev"
+# The CDI vendor is the driver name, so a device id (`gpu.tessera.dev/claim=...`) says which driver made it.
+CDI_VENDOR = DRIVER_NAME
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
@@ -347,7 +350,3 @@ def claim_spec_uids(cdi_dir: Path) -> list[str]:
             if _CLAIM_UID.match(uid):
                 uids.append(uid)
     return uids
-
-
-def cdi_ids(names: Iterable[str]) -> tuple[str, ...]:
-    return tuple(qualified_id(n) for n in names)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from driver import DRIVER_NAME
 from driver.quantity import parse_quantity
 
-API_VERSION = "gpu.tessera.dev/v1alpha1"
+API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 KIND = "GpuConfig"
 
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")

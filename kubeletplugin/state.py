@@ -34,7 +34,8 @@ from typing import Any
 
 import structlog
 
-from driver.allocation import DRIVER_NAME, AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
+from driver import DRIVER_NAME
+from driver.allocation import AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
 from driver.cdi import (
     SIMULATED_DEVICE_NUMBERS,
     SPEC_PREFIX,

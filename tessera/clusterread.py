@@ -12,9 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from driver import DRIVER_NAME
+
 Obj = dict[str, Any]
 GROUP, VERSION = "resource.k8s.io", "v1"
-DRIVER = "gpu.tessera.dev"
+DRIVER = DRIVER_NAME
 
 
 class ReadError(Exception):
