@@ -46,7 +46,7 @@ from typing import IO, Any
 
 import structlog
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
 from kubeletplugin.types import PreparedDevice

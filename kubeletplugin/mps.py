@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
+from driver.atomicfile import write_atomic
+from driver.cdi import ContainerEdits, Mount, check_claim_uid
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
