@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from driver.errors import TesseraError
 from driver.model import Gpu, Inventory
 
 log = structlog.get_logger(__name__)
@@ -21,7 +22,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_PROFILE = "dgx-h100-8"
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(TesseraError):
     """Discovery could not produce an inventory; the message says where (file, field path) and how to fix it."""
 
     def __init__(self, message: str, *, source: str = "", field_path: str = "") -> None:

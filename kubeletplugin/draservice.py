@@ -25,6 +25,7 @@ import grpc
 import structlog
 
 from driver import DRIVER_NAME
+from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
@@ -52,7 +53,7 @@ class ClaimPreparer(Protocol):
 
 
 @dataclass(frozen=True)
-class ClaimFailure(Exception):
+class ClaimFailure(TesseraError):
     """A per-claim failure found before DeviceState was asked: the text kubelet shows, and a metric reason."""
 
     message: str

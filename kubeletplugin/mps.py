@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
+from driver.errors import DeviceError
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
@@ -34,7 +35,7 @@ CONTAINER_SHM_DIR = "/dev/shm"
 MPS_DAEMON_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
-class MpsError(RuntimeError):
+class MpsError(DeviceError):
     """An MPS daemon could not be started, configured or stopped."""
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from driver import DRIVER_NAME
+from driver.errors import InvalidInputError
 from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
@@ -53,7 +54,7 @@ SIMULATED_HEALTH_FILE = "simulated-health.json"
 HEALTH_CONDITIONS_FILE = "health-conditions.json"
 
 
-class PluginConfigError(ValueError):
+class PluginConfigError(InvalidInputError):
     """A command-line setting that cannot work; the message names the flag and the fix."""
 
 

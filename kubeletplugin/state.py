@@ -55,6 +55,7 @@ from driver.cdi import (
 )
 from driver.config import ConfigError, Strategy
 from driver.driverroot import DriverRoot
+from driver.errors import TesseraError
 from driver.mig import layout_for
 from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
@@ -90,7 +91,7 @@ def crash_from_env(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class ConflictError(ValueError):
+class ConflictError(TesseraError, ValueError):
     """The claim needs a GPU in a way another prepared claim rules out."""
 
 

@@ -18,6 +18,7 @@ import structlog
 
 from driver.cdi import write_atomic
 from driver.config import TIME_SLICE_INTERVALS
+from driver.errors import DeviceError
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
@@ -26,7 +27,7 @@ log = structlog.get_logger(__name__)
 TIME_SLICE_VALUES = {name: value for value, name in enumerate(TIME_SLICE_INTERVALS)}
 
 
-class TimeSliceError(RuntimeError):
+class TimeSliceError(DeviceError):
     """The GPU's time-slice setting could not be changed."""
 
 
