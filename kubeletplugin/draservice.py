@@ -45,11 +45,14 @@ T = TypeVar("T")
 
 
 class ClaimPreparer(Protocol):
-    """The two decisions the wire layer delegates (kubeletplugin.state.DeviceState implements them)."""
+    """The two decisions the wire layer delegates (kubeletplugin.state.DeviceState implements them).
+
+    Both raise on failure; `claim_failure` turns what they raise into the claim's answer.
+    """
 
     def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult: ...
 
-    def unprepare(self, ref: ClaimRef) -> str: ...
+    def unprepare(self, ref: ClaimRef) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,39 @@ def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
         raise ClaimFailure(f"{where}: {key} must be an object, got {type(value).__name__}; nothing was prepared",
                            "malformed")
     return value
+
+
+_GERUND = {"prepare": "preparing", "unprepare": "unpreparing"}
+
+
+def claim_failure(operation: str, ref: ClaimRef, exc: Exception) -> ClaimFailure:
+    """The answer kubelet gets for a claim whose `operation` raised `exc`; the one place that logs it.
+
+    A TesseraError's text is already written for the user; a failing disk (OSError) fails the claim
+    alone and kubelet retries; anything else is a bug: an internal error, logged with its traceback.
+    Call it from the `except` block, so that the traceback is at hand.
+    """
+    claim = f"{ref.namespace}/{ref.name}"
+    bound = log.bind(claim_uid=ref.uid, claim=claim)
+    event = f"claim not {operation}d"
+    if isinstance(exc, ClaimFailure):
+        bound.warning(event, error=exc.message)
+        return exc
+    if isinstance(exc, TesseraError):
+        bound.warning(event, error=str(exc))
+        return ClaimFailure(str(exc), operation)
+    if isinstance(exc, OSError):
+        # the node's disk (full, read-only, failing)
+        if operation == "prepare":
+            where = f" ({exc.filename})" if exc.filename else ""
+            text = f"cannot prepare claim {claim}: {exc.strerror or exc}{where}; kubelet will retry"
+            bound.error(event, error=text)
+        else:
+            text = str(exc)
+            bound.warning(event, error=text)
+        return ClaimFailure(text, operation)
+    bound.exception(f"{operation} failed unexpectedly")
+    return ClaimFailure(f"internal error {_GERUND[operation]} ResourceClaim {claim}: {exc}", "internal")
 
 
 def base_request_names(names: Sequence[str]) -> list[str]:
@@ -247,25 +283,14 @@ class DraService:
                 )
             check_claim(ref, claim, driver_name=self._driver, pool=self._pool_name)
             result = self._state.prepare(ref, claim)
-            if result.error:
-                reason = "prepare"
-                log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=result.error)
-                return PrepareResult(error=result.error)
-            log.info(
-                "claim prepared",
-                claim=f"{ref.namespace}/{ref.name}",
-                uid=ref.uid,
-                devices=[d.device_name for d in result.devices],
-            )
-            return result
-        except ClaimFailure as failure:
-            reason = failure.reason
-            log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=failure.message)
-            return PrepareResult(error=failure.message)
         except Exception as exc:
-            reason = "internal"
-            log.exception("prepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return PrepareResult(error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+            failure = claim_failure("prepare", ref, exc)
+            reason = failure.reason
+            return PrepareResult(error=failure.message)
+        else:
+            log.info("claim prepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                     devices=[d.device_name for d in result.devices])  # fmt: skip
+            return result
         finally:
             if self._metrics is not None and not abandoned.is_set():
                 self._metrics.observe_claim("prepare", time.monotonic() - start, reason)
@@ -275,17 +300,14 @@ class DraService:
         reason = ""
         try:
             # No GET: the claim may already be gone from the apiserver; DeviceState works from its checkpoint.
-            error = self._state.unprepare(ref)
-            if error:
-                reason = "unprepare"
-                log.warning("claim not unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=error)
-            else:
-                log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return error
+            self._state.unprepare(ref)
         except Exception as exc:
-            reason = "internal"
-            log.exception("unprepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return f"internal error unpreparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            failure = claim_failure("unprepare", ref, exc)
+            reason = failure.reason
+            return failure.message
+        else:
+            log.info("claim unprepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+            return ""
         finally:
             if self._metrics is not None and not abandoned.is_set():
                 self._metrics.observe_claim("unprepare", time.monotonic() - start, reason)

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from driver.allocation import DRIVER_NAME, AllocatedDevice, AllocationError, ClaimAllocation, parse_claim_allocation
+from driver.allocation import DRIVER_NAME, AllocatedDevice, ClaimAllocation, parse_claim_allocation
 from driver.cdi import (
     SIMULATED_DEVICE_NUMBERS,
     SPEC_PREFIX,
@@ -61,7 +61,7 @@ from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
 from kubeletplugin.fsguard import require_private_dir
 from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
-from kubeletplugin.mps import MpsControl, MpsDaemon, MpsError, limit_mib, mps_paths
+from kubeletplugin.mps import MpsControl, MpsDaemon, limit_mib, mps_paths
 from kubeletplugin.nodelocks import ClaimLocks
 from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
@@ -200,26 +200,13 @@ class DeviceState:
     # --- prepare ----------------------------------------------------------------------------
 
     def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult:
-        """Prepare one claim; the same answer every time it is asked again. Errors come back as text."""
-        bound = log.bind(claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+        """Prepare one claim; the same answer every time it is asked again.
+
+        A failure raises (a TesseraError when the claim or the node is at fault) after rolling back;
+        the gRPC layer turns it into the claim's error text and logs it.
+        """
         with self._claim_lock(ref.uid):
-            try:
-                result = self._prepare(ref, claim)
-            except (AllocationError, ConfigError, CdiError, ConflictError, MpsError, MigError, TimeSliceError) as exc:
-                bound.warning("prepare failed", error=str(exc))
-                return PrepareResult(error=str(exc))
-            except OSError as exc:
-                # the node's disk (full, read-only, failing): the claim fails alone and kubelet retries
-                where = f" ({exc.filename})" if exc.filename else ""
-                error = (f"cannot prepare claim {ref.namespace}/{ref.name}: {exc.strerror or exc}{where}; "
-                         "kubelet will retry")
-                bound.error("prepare failed", error=error)
-                return PrepareResult(error=error)
-            except Exception as exc:
-                bound.exception("prepare failed unexpectedly")
-                return PrepareResult(error=f"internal error while preparing claim {ref.namespace}/{ref.name}: {exc!r}")
-        bound.info("claim prepared", devices=[d.device_name for d in result.devices])
-        return result
+            return self._prepare(ref, claim)
 
     def _prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult:
         check_claim_uid(ref.uid)
@@ -454,31 +441,22 @@ class DeviceState:
 
     # --- unprepare --------------------------------------------------------------------------
 
-    def unprepare(self, ref: ClaimRef) -> str:
-        """Undo a prepare; "" on success (also for claims never prepared), else the error text."""
-        bound = log.bind(claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+    def unprepare(self, ref: ClaimRef) -> None:
+        """Undo a prepare (also fine for claims never prepared); a failure raises, as for prepare."""
         with self._claim_lock(ref.uid):
-            try:
-                check_claim_uid(ref.uid)
-                entry = self.store.get(ref.uid)
-                if entry is None:
-                    if remove_spec(self.cdi_dir, ref.uid):
-                        bound.info("removed a CDI spec of a claim not in the checkpoint")
-                    return ""
-                if entry.state != ClaimState.UNPREPARE_STARTED:
-                    entry = replace(entry, state=ClaimState.UNPREPARE_STARTED)
-                    self.store.put(entry)
-                self.crash_hook("unprepare-after-checkpoint-started")
-                self._teardown(entry)
-                self.store.drop(ref.uid)
-            except (CdiError, MpsError, MigError, TimeSliceError, OSError) as exc:
-                bound.warning("unprepare failed", error=str(exc))
-                return str(exc)
-            except Exception as exc:
-                bound.exception("unprepare failed unexpectedly")
-                return f"internal error while unpreparing claim {ref.namespace}/{ref.name}: {exc!r}"
-        bound.info("claim unprepared")
-        return ""
+            check_claim_uid(ref.uid)
+            entry = self.store.get(ref.uid)
+            if entry is None:
+                if remove_spec(self.cdi_dir, ref.uid):
+                    log.info("removed a CDI spec of a claim not in the checkpoint", claim_uid=ref.uid,
+                             claim=f"{ref.namespace}/{ref.name}")  # fmt: skip
+                return
+            if entry.state != ClaimState.UNPREPARE_STARTED:
+                entry = replace(entry, state=ClaimState.UNPREPARE_STARTED)
+                self.store.put(entry)
+            self.crash_hook("unprepare-after-checkpoint-started")
+            self._teardown(entry)
+            self.store.drop(ref.uid)
 
     def _teardown(self, entry: ClaimEntry) -> None:
         """Stop MPS, destroy MIG instances, delete the CDI spec; each step is a no-op when already done."""

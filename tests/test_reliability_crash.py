@@ -153,7 +153,8 @@ def node(root: Path, hook: Callable[[str], None]) -> DeviceState:
 def run_op(state: DeviceState, op: Op) -> PrepareResult | str:
     if op.kind == "prepare":
         return state.prepare(op.plan.ref, op.plan.claim())
-    return state.unprepare(op.plan.ref)
+    state.unprepare(op.plan.ref)
+    return ""
 
 
 def reference_run(root: Path, ops: list[Op]) -> tuple[list[PrepareResult | str], list[str]]:

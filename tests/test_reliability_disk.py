@@ -21,6 +21,7 @@ import pytest
 
 from driver.cdi import claim_spec_uids, read_spec
 from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, ClaimState, encode
+from kubeletplugin.draservice import claim_failure
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
@@ -38,8 +39,13 @@ def node(root: Path) -> DeviceState:
 
 
 def prepare_share(state: DeviceState, uid: str = UID, device: str = "gpu-1") -> str:
-    return state.prepare(ClaimRef("team-a", uid[-4:], uid),
-                         make_claim([share(device, "4Gi")], uid=uid, name=uid[-4:])).error  # fmt: skip
+    """The error text kubelet gets for the prepare ("" when it succeeds)."""
+    ref = ClaimRef("team-a", uid[-4:], uid)
+    try:
+        state.prepare(ref, make_claim([share(device, "4Gi")], uid=uid, name=uid[-4:]))
+    except Exception as exc:
+        return claim_failure("prepare", ref, exc).message
+    return ""
 
 
 def leftovers(*dirs: Path) -> list[str]:
@@ -221,10 +227,10 @@ def test_read_only_cdi_mount(tiny_tmpfs: Path) -> None:
     assert "Read-only file system" in error, error
     assert_failed_claim_gone(state, UID, UID2, read_spec(state.cdi_dir, UID2))
     # unprepare cannot delete the spec either: an error kubelet retries, the entry kept for the retry
-    unprepared = state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
-    assert "Read-only file system" in unprepared
+    with pytest.raises(OSError, match="Read-only file system"):
+        state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     subprocess.run(["mount", "-n", "-o", "remount,rw", str(tiny_tmpfs)], check=True)
-    assert state.unprepare(ClaimRef("team-a", UID2[-4:], UID2)) == ""
+    state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     assert prepare_share(state) == ""
     assert claim_spec_uids(state.cdi_dir) == [UID]
 

@@ -18,9 +18,11 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from driver.allocation import AllocationError
 from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
 from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.draservice import claim_failure
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
 from kubeletplugin.state import CRASH_ENV, PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
@@ -69,7 +71,21 @@ def ref(uid: str = UID, name: str = "claim") -> ClaimRef:
 
 
 def prepare(state: DeviceState, results, configs=None, uid: str = UID, name: str = "claim") -> PrepareResult:
-    return state.prepare(ref(uid, name), make_claim(results, configs, uid=uid, name=name))
+    """DeviceState.prepare, a failure as the error text kubelet gets for it."""
+    claim_ref = ref(uid, name)
+    try:
+        return state.prepare(claim_ref, make_claim(results, configs, uid=uid, name=name))
+    except Exception as exc:
+        return PrepareResult(error=claim_failure("prepare", claim_ref, exc).message)
+
+
+def unprepare(state: DeviceState, claim_ref: ClaimRef) -> str:
+    """DeviceState.unprepare as kubelet sees it: "" or the error text."""
+    try:
+        state.unprepare(claim_ref)
+    except Exception as exc:
+        return claim_failure("unprepare", claim_ref, exc).message
+    return ""
 
 
 def spec_of(state: DeviceState, uid: str = UID) -> dict[str, Any]:
@@ -211,7 +227,7 @@ def test_dynamic_mig_instance_is_created_at_prepare_and_destroyed_at_unprepare(t
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert f"/dev/nvidia-caps/nvidia-cap{3 + created.gpu_minor * 135 + created.gpu_instance_id * 9}" in nodes
     assert state.prepared_claims()[UID].migs == (created,)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.mig.created() == []
 
 
@@ -233,7 +249,7 @@ def test_time_slicing_sets_the_interval_and_unprepare_resets_it(tmp_path):
     gpu = inventory().gpus[0]
     assert slicer.intervals() == {gpu.uuid: "Long"}
     assert state.prepared_claims()[UID].time_slices == ((gpu.uuid, "Long"),)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert slicer.intervals() == {}
 
 
@@ -265,7 +281,7 @@ def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypa
         raise TimeSliceError("nvidia-smi exited with 4")
 
     monkeypatch.setattr(slicer, "set_interval", refuse)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.prepared_claims() == {}
 
 
@@ -320,7 +336,7 @@ def test_repeated_prepare_returns_the_same_answer_without_side_effects(tmp_path)
 def test_unprepare_removes_spec_daemon_and_entry(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert read_spec(state.cdi_dir, UID) is None
     assert fake_mps(state).daemons() == {}
     assert not mps_paths(state.state_dir, UID).root.exists()
@@ -330,21 +346,21 @@ def test_unprepare_removes_spec_daemon_and_entry(tmp_path):
 def test_unprepare_twice_and_of_unknown_claims_succeeds(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [result("gpu-0")])
-    assert state.unprepare(ref()) == ""
-    assert state.unprepare(ref()) == ""
-    assert state.unprepare(ref(UID2)) == ""
+    assert unprepare(state, ref()) == ""
+    assert unprepare(state, ref()) == ""
+    assert unprepare(state, ref(UID2)) == ""
 
 
 def test_unprepare_of_unknown_claim_removes_its_stray_spec(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [result("gpu-0")])
     state.store.drop(UID)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert read_spec(state.cdi_dir, UID) is None
 
 
 def test_unprepare_with_unsafe_uid_is_an_error(tmp_path):
-    assert "is not a plain token" in make_state(tmp_path).unprepare(ref("../../etc"))
+    assert "is not a plain token" in unprepare(make_state(tmp_path), ref("../../etc"))
 
 
 def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch):
@@ -356,9 +372,9 @@ def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch)
 
     with monkeypatch.context() as patch:
         patch.setattr(state.mps, "stop", failing_stop)
-        assert state.unprepare(ref()) == "quit timed out"
+        assert unprepare(state, ref()) == "quit timed out"
     assert state.prepared_claims()[UID].state == ClaimState.UNPREPARE_STARTED
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.prepared_claims() == {}
 
 
@@ -367,9 +383,8 @@ def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch)
 
 def test_replaced_claim_is_an_error_in_the_result(tmp_path):
     state = make_state(tmp_path)
-    got = state.prepare(ref(UID2), make_claim([result("gpu-0")], uid=UID))
-    assert "the claim was replaced" in got.error
-    assert got.devices == ()
+    with pytest.raises(AllocationError, match="the claim was replaced"):
+        state.prepare(ref(UID2), make_claim([result("gpu-0")], uid=UID))
     assert state.prepared_claims() == {}
 
 
@@ -422,7 +437,7 @@ def test_unexpected_exception_becomes_an_internal_error(tmp_path, monkeypatch):
     monkeypatch.setattr(state.mig, "create", broken)
     state.inventory = inventory("h100-16-mig")
     got = prepare(state, [result("gpu-0-mig-1g10gb-0")])
-    assert got.error.startswith("internal error while preparing claim team-a/claim: ZeroDivisionError")
+    assert got.error == "internal error preparing ResourceClaim team-a/claim: oops"
     assert state.prepared_claims() == {}
 
 
@@ -541,7 +556,7 @@ def test_retried_unprepare_after_crash_succeeds(tmp_path, step):
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
-    assert retry.unprepare(ref()) == ""
+    assert unprepare(retry, ref()) == ""
     assert retry.prepared_claims() == {}
     assert fake_mps(retry).daemons() == {}
 
