@@ -25,6 +25,7 @@ import structlog
 
 from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
 from driver.errors import DeviceError
+from kubeletplugin.faults import MPS_START, FaultHook, crash_from_env
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
@@ -318,9 +319,9 @@ class FakeMpsControl:
     written to `<log dir>/control.log`.
     """
 
-    def __init__(self, state_dir: Path, *, fail_start: bool = False) -> None:
+    def __init__(self, state_dir: Path, *, fault_hook: FaultHook = crash_from_env) -> None:
         self.state_dir = state_dir
-        self.fail_start = fail_start
+        self.fault_hook = fault_hook  # kubeletplugin.faults: tests make start fail through it
         self._lock = SharedFileLock(self.registry)
 
     @property
@@ -346,8 +347,7 @@ class FakeMpsControl:
         self, claim_uid: str, gpu_uuids: Sequence[str], limits_mib: Sequence[int], active_thread_percentage: int | None
     ) -> MpsDaemon:
         _check_request(gpu_uuids, limits_mib, active_thread_percentage)
-        if self.fail_start:
-            raise MpsError(f"claim {claim_uid}: nvidia-cuda-mps-control -d exited with 1: (injected failure)")
+        self.fault_hook(MPS_START)
         paths = mps_paths(self.state_dir, claim_uid)
         _make_dirs(paths)
         (paths.pipe_dir / "control").touch()

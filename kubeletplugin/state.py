@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +57,7 @@ from driver.errors import TesseraError
 from driver.mig import layout_for
 from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, GpuUse
+from kubeletplugin.faults import FaultHook, crash_from_env
 from kubeletplugin.fsguard import require_private_dir
 from kubeletplugin.migmanager import CreatedMig, MigError, MigManager
 from kubeletplugin.mps import MpsControl, MpsDaemon, limit_mib, mps_paths
@@ -67,29 +66,6 @@ from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 
 log = structlog.get_logger(__name__)
-
-CRASH_ENV = "TESSERA_CRASH_AT"
-PREPARE_STEPS = (
-    "after-checkpoint-started",
-    "after-mig-create",
-    "after-cdi-write",
-    "after-mps-start",
-    "before-checkpoint-completed",
-)
-UNPREPARE_STEPS = (
-    "unprepare-after-checkpoint-started",
-    "unprepare-after-mps-stop",
-    "unprepare-after-mig-destroy",
-    "unprepare-after-cdi-delete",
-)
-
-
-def crash_from_env(step: str) -> None:
-    """Kill this process at `step` when TESSERA_CRASH_AT names it: for crash-recovery tests only."""
-    if os.environ.get(CRASH_ENV) == step:
-        log.warning("crash injected", step=step)
-        os.kill(os.getpid(), signal.SIGKILL)
-
 
 class ConflictError(TesseraError, ValueError):
     """The claim needs a GPU in a way another prepared claim rules out."""
@@ -146,7 +122,7 @@ class DeviceState:
         proc_root: Path | None = None,
         driver_name: str = DRIVER_NAME,
         timeslicer: TimeSlicer | None = None,
-        crash_hook: Callable[[str], None] = crash_from_env,
+        fault_hook: FaultHook = crash_from_env,
     ) -> None:
         self.inventory = inventory
         self.cdi_dir = cdi_dir
@@ -159,7 +135,7 @@ class DeviceState:
         self.proc_root = proc_root
         self.driver_name = driver_name
         self.timeslicer = timeslicer
-        self.crash_hook = crash_hook
+        self.fault_hook = fault_hook
         # a simulated node has no /dev/nvidia* for the runtime to copy, so its specs carry the numbers
         self.device_numbers = SIMULATED_DEVICE_NUMBERS if inventory.source.startswith("simulated") else None
         self.store = CheckpointStore(state_dir)
@@ -264,7 +240,7 @@ class DeviceState:
                 time_slices=time_slices,
             )
             entries[ref.uid] = entry
-        self.crash_hook("after-checkpoint-started")
+        self.fault_hook("after-checkpoint-started")
         progress = _Progress(entry, resumed=resumed)
         try:
             return self._prepare_started(alloc, progress, bool(mps_devices), percentages, slices)
@@ -299,11 +275,11 @@ class DeviceState:
         # the PrepareStarted entry back, and its orphan scans remove the MIG instances, CDI spec and
         # MPS daemon that no completed entry owns; the time-slice cards are in the started entry.
         migs = self._create_migs(alloc, progress)
-        self.crash_hook("after-mig-create")
+        self.fault_hook("after-mig-create")
 
         spec, devices = self._build_spec(alloc, migs, use_mps)
         write_spec(self.cdi_dir, alloc.uid, spec)
-        self.crash_hook("after-cdi-write")
+        self.fault_hook("after-cdi-write")
 
         if slices and self.timeslicer is not None:
             for gpu_uuid, interval in slices:
@@ -314,9 +290,9 @@ class DeviceState:
         if use_mps:
             daemon = self._start_mps(alloc, migs, progress.entry.mps, next(iter(percentages)))
             progress.entry = replace(progress.entry, mps=daemon)
-        self.crash_hook("after-mps-start")
+        self.fault_hook("after-mps-start")
 
-        self.crash_hook("before-checkpoint-completed")
+        self.fault_hook("before-checkpoint-completed")
         entry = replace(progress.entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
         self.store.put(entry)
         progress.entry = entry
@@ -454,7 +430,7 @@ class DeviceState:
             if entry.state != ClaimState.UNPREPARE_STARTED:
                 entry = replace(entry, state=ClaimState.UNPREPARE_STARTED)
                 self.store.put(entry)
-            self.crash_hook("unprepare-after-checkpoint-started")
+            self.fault_hook("unprepare-after-checkpoint-started")
             self._teardown(entry)
             self.store.drop(ref.uid)
 
@@ -462,7 +438,7 @@ class DeviceState:
         """Stop MPS, destroy MIG instances, delete the CDI spec; each step is a no-op when already done."""
         if entry.mps is not None or self.mps.is_running(entry.uid):
             self.mps.stop(entry.uid)
-        self.crash_hook("unprepare-after-mps-stop")
+        self.fault_hook("unprepare-after-mps-stop")
         if self.timeslicer is not None:
             for gpu_uuid, _ in entry.time_slices:
                 # best effort: a card left with a longer slice still works, a stuck unprepare blocks the pod
@@ -474,9 +450,9 @@ class DeviceState:
                     )
         for m in entry.migs:
             self.mig.destroy(m)
-        self.crash_hook("unprepare-after-mig-destroy")
+        self.fault_hook("unprepare-after-mig-destroy")
         remove_spec(self.cdi_dir, entry.uid)
-        self.crash_hook("unprepare-after-cdi-delete")
+        self.fault_hook("unprepare-after-cdi-delete")
 
     # --- recovery ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeletplugin.faults import MPS_START, fail_at
 from kubeletplugin.mps import (
     MIB,
     FakeMpsControl,
@@ -149,7 +150,8 @@ def test_fake_adopt_refuses_a_daemon_with_other_settings(tmp_path):
 
 def test_fake_injected_start_failure(tmp_path):
     with pytest.raises(MpsError, match="injected failure"):
-        FakeMpsControl(tmp_path, fail_start=True).start(UID, ["GPU-0"], [1], None)
+        failing = fail_at(MPS_START, MpsError("nvidia-cuda-mps-control -d exited with 1: (injected failure)"))
+        FakeMpsControl(tmp_path, fault_hook=failing).start(UID, ["GPU-0"], [1], None)
 
 
 @pytest.mark.parametrize(

@@ -31,9 +31,10 @@ import pytest
 
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
-from kubeletplugin.state import PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
+from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer
 from kubeletplugin.types import ClaimRef, PrepareResult
 from tests.fakekube import FakeKubeAPI
@@ -147,7 +148,7 @@ class CountingHook:
 def node(root: Path, hook: Callable[[str], None]) -> DeviceState:
     state_dir = root / "state"
     return DeviceState(inventory(PROFILE), root / "cdi", state_dir, "node-a", FakeMpsControl(state_dir),
-                       SimulatedMigManager(state_dir), crash_hook=hook, timeslicer=RecordingTimeSlicer(state_dir))
+                       SimulatedMigManager(state_dir), fault_hook=hook, timeslicer=RecordingTimeSlicer(state_dir))
 
 
 def run_op(state: DeviceState, op: Op) -> PrepareResult | str:

@@ -23,9 +23,10 @@ from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
 from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.draservice import claim_failure
+from kubeletplugin.faults import CRASH_ENV, MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
-from kubeletplugin.state import CRASH_ENV, PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
+from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
 from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.test_allocation import gpu_config, inventory, make_claim, result, share
@@ -61,7 +62,7 @@ def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwa
         "node-a",
         kwargs.pop("mps", None) or FakeMpsControl(state_dir),
         SimulatedMigManager(state_dir),
-        crash_hook=hook,
+        fault_hook=hook,
         **kwargs,
     )
 
@@ -419,7 +420,8 @@ def test_different_thread_percentages_in_one_claim_is_an_error(tmp_path):
 
 def test_failed_mps_start_rolls_the_claim_back(tmp_path):
     state_dir = tmp_path / "state"
-    state = make_state(tmp_path, mps=FakeMpsControl(state_dir, fail_start=True))
+    failing = fail_at(MPS_START, MpsError("nvidia-cuda-mps-control -d exited with 1: (injected failure)"))
+    state = make_state(tmp_path, mps=FakeMpsControl(state_dir, fault_hook=failing))
     got = prepare(state, [share("gpu-1", "8Gi")])
     assert "injected failure" in got.error
     assert read_spec(state.cdi_dir, UID) is None
@@ -538,7 +540,7 @@ def test_retried_share_prepare_after_crash_has_one_daemon(tmp_path, step):
 def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
     state = make_state(tmp_path, "h100-16-mig")
     prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")])
-    state.crash_hook = crash_at(step)
+    state.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     restarted = make_state(tmp_path, "h100-16-mig")
@@ -552,7 +554,7 @@ def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
 def test_retried_unprepare_after_crash_succeeds(tmp_path, step):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    state.crash_hook = crash_at(step)
+    state.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
@@ -662,7 +664,7 @@ sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 from tests.test_state import make_state, prepare
 from tests.test_allocation import result
-from kubeletplugin.state import crash_from_env
+from kubeletplugin.faults import crash_from_env
 prepare(make_state(Path({str(tmp_path)!r}), hook=crash_from_env), [result("gpu-0")])
 print("survived")
 """

@@ -133,7 +133,7 @@ def instance_state(tmp_path: Path, hook: Callable[[str], None] = lambda _: None)
     """One instance's DeviceState: its own objects, the node's shared directories."""
     state_dir = tmp_path / "state"
     return DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a", CountingMps(state_dir),
-                       SimulatedMigManager(state_dir), crash_hook=hook)  # fmt: skip
+                       SimulatedMigManager(state_dir), fault_hook=hook)  # fmt: skip
 
 
 def share_claim() -> dict[str, Any]:
