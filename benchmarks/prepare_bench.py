@@ -218,6 +218,7 @@ class StepTimer:
 @contextlib.contextmanager
 def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
     """Patch timing wrappers around the steps of a prepare/unprepare; everything is restored after."""
+    import kubeletplugin.claimdevices as devices_mod
     import kubeletplugin.state as state_mod
     from kubeletplugin.checkpoint import CheckpointStore
     from kubeletplugin.migmanager import SimulatedMigManager
@@ -230,6 +231,7 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
         (state_mod, "parse_claim_allocation", "allocation + config parse"),
         (state_mod, "write_spec", "CDI spec write (fsync)"),
         (state_mod, "remove_spec", "CDI spec delete (fsync dir)"),
+        (devices_mod, "remove_spec", "CDI spec delete (fsync dir)"),
         (FakeMpsControl, "start", "MPS daemon start (fake)"),
         (FakeMpsControl, "stop", "MPS daemon stop (fake)"),
         (SimulatedMigManager, "create", "MIG create (simulated)"),

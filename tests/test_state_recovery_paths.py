@@ -169,12 +169,14 @@ def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(
 
 
 def test_logs_name_the_claim_and_the_orphan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubeletplugin.recovery
     import kubeletplugin.state
 
     state: DeviceState = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")]).error
     recorder = Recorder()
     monkeypatch.setattr(kubeletplugin.state, "log", recorder)
+    monkeypatch.setattr(kubeletplugin.recovery, "log", recorder)
     state.unprepare(ref())
     (state.cdi_dir / f"gpu.tessera.dev-claim_{UID2}.json").write_text("{}")
     state.unprepare(ref(UID2, "stray"))
