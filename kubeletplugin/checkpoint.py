@@ -48,9 +48,9 @@ import structlog
 
 from driver.cdi import write_atomic
 from driver.errors import NodeStateError
+from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
-from kubeletplugin.types import PreparedDevice
 
 log = structlog.get_logger(__name__)
 

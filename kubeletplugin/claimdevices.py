@@ -38,11 +38,11 @@ from driver.model import Inventory
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry
 from kubeletplugin.faults import FaultHook, crash_from_env
 from kubeletplugin.fsguard import require_private_dir
+from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig, MigManager
 from kubeletplugin.mps import MpsControl, MpsDaemon, limit_mib, mps_paths
 from kubeletplugin.nodelocks import ClaimLocks
 from kubeletplugin.timeslicing import TimeSliceError, TimeSlicer
-from kubeletplugin.types import PreparedDevice
 
 log = structlog.get_logger(__name__)
 

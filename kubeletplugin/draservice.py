@@ -27,8 +27,8 @@ import structlog
 from driver import DRIVER_NAME
 from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
+from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
 from proto.dra.v1beta1 import api_pb2 as v1beta1

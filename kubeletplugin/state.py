@@ -32,8 +32,8 @@ from driver.config import ConfigError, Strategy
 from driver.errors import TesseraError
 from kubeletplugin.checkpoint import ClaimEntry, ClaimState, GpuUse
 from kubeletplugin.claimdevices import _Progress
+from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.recovery import NodeRecovery, RecoveryReport
-from kubeletplugin.types import ClaimRef, PrepareResult
 
 __all__ = ["ConflictError", "DeviceState", "RecoveryReport"]
 

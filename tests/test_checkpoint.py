@@ -18,9 +18,9 @@ from kubeletplugin.checkpoint import (
     decode,
     encode,
 )
+from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
-from kubeletplugin.types import PreparedDevice
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
 

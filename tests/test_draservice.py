@@ -19,8 +19,8 @@ from driver.errors import TesseraError
 from driver.kubeapi import KubeAPI
 from kubeletplugin.draservice import DraService, base_request_names
 from kubeletplugin.grpcservers import SocketPaths, UnixSocketServer
+from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import PluginConnection, short_tmpdir
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from driver.config import API_VERSION
 from driver.discovery import load_inventory
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import ClaimAnswer, KubeletClient, PluginConnection, short_tmpdir
 from tests.nodefiles import snapshot

@@ -25,7 +25,7 @@ from driver.allocation import AllocationError, resolve_device
 from driver.cdi import CdiError, check_claim_uid, device_name
 from driver.validation import is_c_identifier, is_dns_label, is_dns_subdomain, is_semver
 from kubeletplugin.checkpoint import FILE_NAME, MAX_DEPTH, CheckpointError, _canonical, decode
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tessera.cmd_check import check_files
 from tests.test_allocation import inventory, result, share
 from tests.test_state import UID, make_state, prepare

@@ -29,7 +29,7 @@ import pytest
 
 from driver.kubeapi import ApiError
 from kubeletplugin.grpcservers import SocketPaths
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
 

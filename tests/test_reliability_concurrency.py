@@ -25,7 +25,7 @@ import pytest
 
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import ClaimAnswer, KubeletClient, short_tmpdir
 from tests.test_plugin_process import NODE, make_config

@@ -32,11 +32,11 @@ import pytest
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
+from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer
-from kubeletplugin.types import ClaimRef, PrepareResult
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import KubeletClient, short_tmpdir
 from tests.test_allocation import gpu_config, inventory, make_claim, result, share

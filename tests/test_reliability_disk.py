@@ -22,10 +22,10 @@ import pytest
 from driver.cdi import claim_spec_uids, read_spec
 from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, ClaimState, encode
 from kubeletplugin.draservice import claim_failure
+from kubeletplugin.kubeletclaims import ClaimRef
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
-from kubeletplugin.types import ClaimRef
 from tests.test_allocation import inventory, make_claim, result, share
 
 UID = "00000000-0000-4000-8000-0000000d15c0"

@@ -24,11 +24,11 @@ from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.draservice import claim_failure
 from kubeletplugin.faults import CRASH_ENV, MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
+from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
 from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.test_allocation import gpu_config, inventory, make_claim, result, share
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"

@@ -21,10 +21,10 @@ import pytest
 from driver.cdi import read_spec
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.grpcservers import SocketPaths
+from kubeletplugin.kubeletclaims import ClaimRef
 from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
-from kubeletplugin.types import ClaimRef
 from tests.fakekube import FakeKubeAPI
 from tests.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
 from tests.test_allocation import inventory, make_claim, share
