@@ -48,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass
-class _Progress:
+class PrepareAttempt:
     """A prepare's entry as its steps advance between the two checkpoint writes (mutable on purpose)."""
 
     entry: ClaimEntry
@@ -128,9 +128,9 @@ class ClaimDevices:
                 if slot.users == 0:
                     del self._locks[uid]
 
-    def _create_migs(self, alloc: ClaimAllocation, progress: _Progress) -> dict[str, CreatedMig]:
+    def _create_migs(self, alloc: ClaimAllocation, attempt: PrepareAttempt) -> dict[str, CreatedMig]:
         """Dynamic MIG instances by device name, reusing the ones the entry already records."""
-        entry = progress.entry
+        entry = attempt.entry
         out: dict[str, CreatedMig] = {}
         gone: list[CreatedMig] = []
         for d in alloc.devices:
@@ -150,15 +150,15 @@ class ClaimDevices:
                 continue
             if known is not None:
                 gone.append(known)
-            left = self._unowned_mig(t.gpu.uuid, t.mig_profile.name, t.placement) if progress.resumed else None
+            left = self._unowned_mig(t.gpu.uuid, t.mig_profile.name, t.placement) if attempt.resumed else None
             if left is not None:
                 out[d.device] = left
                 continue
             out[d.device] = self.mig.create(t.gpu, t.mig_profile, t.placement)
             # at once: if the next create fails, the rollback must destroy this one
             kept = tuple(m for m in entry.migs if m not in out.values() and m not in gone)
-            progress.entry = replace(entry, migs=(*kept, *out.values()))
-        progress.entry = replace(entry, migs=tuple(out.values()))
+            attempt.entry = replace(entry, migs=(*kept, *out.values()))
+        attempt.entry = replace(entry, migs=tuple(out.values()))
         return out
 
     def _unowned_mig(self, gpu_uuid: str, profile: str, placement: int) -> CreatedMig | None:
@@ -207,7 +207,7 @@ class ClaimDevices:
         return build_claim_spec(alloc.uid, spec_devices, common, self.device_numbers), tuple(prepared)
 
     def _start_mps(
-        self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], recorded: MpsDaemon | None, atp: int | None
+        self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], recorded: MpsDaemon | None, thread_percentage: int | None
     ) -> MpsDaemon:
         # per visible device, in CDI order: the claim's total on that card, never above the card
         order: list[str] = []
@@ -221,12 +221,12 @@ class ClaimDevices:
             limits[visible] += d.memory_limit_bytes
             capacity[visible] = d.target.memory_bytes
         limits_mib = [limit_mib(min(limits[v], capacity[v])) for v in order]
-        wanted = MpsDaemon(alloc.uid, "", "", "", tuple(order), tuple(limits_mib), atp)
+        wanted = MpsDaemon(alloc.uid, "", "", "", tuple(order), tuple(limits_mib), thread_percentage)
         if recorded is not None and (recorded.gpu_uuids, recorded.limits_mib, recorded.active_thread_percentage) == (
             wanted.gpu_uuids, wanted.limits_mib, wanted.active_thread_percentage,
         ) and self.mps.adopt(recorded):  # fmt: skip
             return recorded
-        return self.mps.start(alloc.uid, order, limits_mib, atp)
+        return self.mps.start(alloc.uid, order, limits_mib, thread_percentage)
 
     def _teardown(self, entry: ClaimEntry) -> None:
         """Stop MPS, destroy MIG instances, delete the CDI spec; each step is a no-op when already done."""

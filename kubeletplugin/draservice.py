@@ -365,7 +365,7 @@ class _Timer:
             )
 
 
-class _Answers:
+class _VersionHandlers:
     """Builds the kubelet's answers in one API version's messages (v1 and v1beta1 differ only there)."""
 
     def __init__(
@@ -402,18 +402,18 @@ class DRAPluginV1(v1_grpc.DRAPluginServicer):
     """/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/*"""
 
     def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._answers = _Answers(service, metrics, "v1", v1, _v1_device)
+        self._handlers = _VersionHandlers(service, metrics, "v1", v1, _v1_device)
 
     def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1.NodePrepareResourcesResponse:
-        response: v1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
+        response: v1.NodePrepareResourcesResponse = self._handlers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1.NodeUnprepareResourcesResponse:
-        response: v1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
+        response: v1.NodeUnprepareResourcesResponse = self._handlers.unprepare(request, context)
         return response
 
 
@@ -421,16 +421,16 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
     """/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/*"""
 
     def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._answers = _Answers(service, metrics, "v1beta1", v1beta1, _v1beta1_device)
+        self._handlers = _VersionHandlers(service, metrics, "v1beta1", v1beta1, _v1beta1_device)
 
     def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodePrepareResourcesResponse:
-        response: v1beta1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
+        response: v1beta1.NodePrepareResourcesResponse = self._handlers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        response: v1beta1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
+        response: v1beta1.NodeUnprepareResourcesResponse = self._handlers.unprepare(request, context)
         return response

@@ -97,7 +97,7 @@ class MpsDaemon:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MpsDaemon:
-        atp = data.get("activeThreadPercentage")
+        thread_percentage = data.get("activeThreadPercentage")
         return cls(
             claim_uid=str(data["claimUID"]),
             pipe_dir=str(data["pipeDir"]),
@@ -105,7 +105,7 @@ class MpsDaemon:
             shm_dir=str(data["shmDir"]),
             gpu_uuids=tuple(str(u) for u in data["gpuUUIDs"]),
             limits_mib=tuple(int(m) for m in data["limitsMiB"]),
-            active_thread_percentage=int(atp) if atp is not None else None,
+            active_thread_percentage=int(thread_percentage) if thread_percentage is not None else None,
         )
 
 
@@ -118,7 +118,7 @@ def control_commands(limits_mib: Sequence[int], active_thread_percentage: int | 
     return lines
 
 
-def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], atp: int | None) -> None:
+def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], thread_percentage: int | None) -> None:
     if not gpu_uuids:
         raise MpsError("an MPS daemon needs at least one GPU")
     if len(gpu_uuids) != len(limits_mib):
@@ -127,8 +127,8 @@ def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], atp: int
         raise MpsError(f"a GPU appears twice in {list(gpu_uuids)}")
     if any(m < 1 for m in limits_mib):
         raise MpsError(f"memory limits must be at least 1 MiB, got {list(limits_mib)}")
-    if atp is not None and not 1 <= atp <= 100:
-        raise MpsError(f"active thread percentage must be 1..100, got {atp}")
+    if thread_percentage is not None and not 1 <= thread_percentage <= 100:
+        raise MpsError(f"active thread percentage must be 1..100, got {thread_percentage}")
 
 
 class MpsControl(Protocol):
@@ -157,10 +157,10 @@ def _make_dirs(paths: MpsPaths) -> None:
 
 
 def _daemon_record(
-    paths: MpsPaths, claim_uid: str, uuids: Sequence[str], limits: Sequence[int], atp: int | None
+    paths: MpsPaths, claim_uid: str, uuids: Sequence[str], limits: Sequence[int], thread_percentage: int | None
 ) -> MpsDaemon:
     return MpsDaemon(
-        claim_uid, str(paths.pipe_dir), str(paths.log_dir), str(paths.shm_dir), tuple(uuids), tuple(limits), atp
+        claim_uid, str(paths.pipe_dir), str(paths.log_dir), str(paths.shm_dir), tuple(uuids), tuple(limits), thread_percentage
     )
 
 

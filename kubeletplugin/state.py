@@ -31,7 +31,7 @@ from driver.cdi import check_claim_uid, remove_spec, write_spec
 from driver.config import ConfigError, Strategy
 from driver.errors import TesseraError
 from kubeletplugin.checkpoint import ClaimEntry, ClaimState, GpuUse
-from kubeletplugin.claimdevices import _Progress
+from kubeletplugin.claimdevices import PrepareAttempt
 from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.recovery import NodeRecovery, RecoveryReport
 
@@ -123,12 +123,12 @@ class DeviceState(NodeRecovery):
             )
             entries[ref.uid] = entry
         self.fault_hook("after-checkpoint-started")
-        progress = _Progress(entry, resumed=resumed)
+        attempt = PrepareAttempt(entry, resumed=resumed)
         try:
-            return self._prepare_started(alloc, progress, bool(mps_devices), percentages, slices)
+            return self._prepare_started(alloc, attempt, bool(mps_devices), percentages, slices)
         except Exception:
             # a failed prepare must not hold GPUs; kubelet retries from scratch
-            self._roll_back(progress.entry)
+            self._roll_back(attempt.entry)
             raise
 
     def _roll_back(self, entry: ClaimEntry) -> None:
@@ -147,7 +147,7 @@ class DeviceState(NodeRecovery):
     def _prepare_started(
         self,
         alloc: ClaimAllocation,
-        progress: _Progress,
+        attempt: PrepareAttempt,
         use_mps: bool,
         percentages: set[int | None],
         slices: tuple[tuple[str, str], ...],
@@ -156,7 +156,7 @@ class DeviceState(NodeRecovery):
         # (for the rollback of a failure). A crash in between needs no record of it: recover() rolls
         # the PrepareStarted entry back, and its orphan scans remove the MIG instances, CDI spec and
         # MPS daemon that no completed entry owns; the time-slice cards are in the started entry.
-        migs = self._create_migs(alloc, progress)
+        migs = self._create_migs(alloc, attempt)
         self.fault_hook("after-mig-create")
 
         spec, devices = self._build_spec(alloc, migs, use_mps)
@@ -170,14 +170,14 @@ class DeviceState(NodeRecovery):
             log.warning("time-slice interval not applied: no time slicer configured", claim_uid=alloc.uid)
 
         if use_mps:
-            daemon = self._start_mps(alloc, migs, progress.entry.mps, next(iter(percentages)))
-            progress.entry = replace(progress.entry, mps=daemon)
+            daemon = self._start_mps(alloc, migs, attempt.entry.mps, next(iter(percentages)))
+            attempt.entry = replace(attempt.entry, mps=daemon)
         self.fault_hook("after-mps-start")
 
         self.fault_hook("before-checkpoint-completed")
-        entry = replace(progress.entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
+        entry = replace(attempt.entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
         self.store.put(entry)
-        progress.entry = entry
+        attempt.entry = entry
         return PrepareResult(devices)
 
     def _check_conflicts(

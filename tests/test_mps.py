@@ -155,7 +155,7 @@ def test_fake_injected_start_failure(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("uuids", "limits", "atp", "message"),
+    ("uuids", "limits", "thread_percentage", "message"),
     [
         ([], [], None, "at least one GPU"),
         (["GPU-0"], [1, 2], None, "1 GPUs but 2 memory limits"),
@@ -164,9 +164,9 @@ def test_fake_injected_start_failure(tmp_path):
         (["GPU-0"], [1], 0, "1..100"),
     ],
 )
-def test_bad_requests_are_refused(tmp_path, uuids, limits, atp, message):
+def test_bad_requests_are_refused(tmp_path, uuids, limits, thread_percentage, message):
     with pytest.raises(MpsError, match=message):
-        FakeMpsControl(tmp_path).start(UID, uuids, limits, atp)
+        FakeMpsControl(tmp_path).start(UID, uuids, limits, thread_percentage)
 
 
 def test_daemon_record_round_trip(tmp_path):
