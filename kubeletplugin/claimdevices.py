@@ -207,7 +207,11 @@ class ClaimDevices:
         return build_claim_spec(alloc.uid, spec_devices, common, self.device_numbers), tuple(prepared)
 
     def _start_mps(
-        self, alloc: ClaimAllocation, migs: dict[str, CreatedMig], recorded: MpsDaemon | None, thread_percentage: int | None
+        self,
+        alloc: ClaimAllocation,
+        migs: dict[str, CreatedMig],
+        recorded: MpsDaemon | None,
+        thread_percentage: int | None,
     ) -> MpsDaemon:
         # per visible device, in CDI order: the claim's total on that card, never above the card
         order: list[str] = []

@@ -160,7 +160,13 @@ def _daemon_record(
     paths: MpsPaths, claim_uid: str, uuids: Sequence[str], limits: Sequence[int], thread_percentage: int | None
 ) -> MpsDaemon:
     return MpsDaemon(
-        claim_uid, str(paths.pipe_dir), str(paths.log_dir), str(paths.shm_dir), tuple(uuids), tuple(limits), thread_percentage
+        claim_uid,
+        str(paths.pipe_dir),
+        str(paths.log_dir),
+        str(paths.shm_dir),
+        tuple(uuids),
+        tuple(limits),
+        thread_percentage,
     )
 
 
