@@ -222,7 +222,7 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
     import kubeletplugin.state as state_mod
     from kubeletplugin.checkpoint import CheckpointStore
     from kubeletplugin.migmanager import SimulatedMigManager
-    from kubeletplugin.mps import FakeMpsControl
+    from kubeletplugin.mps import SimulatedMpsControl
 
     targets: list[tuple[Any, str, str]] = [
         (api, "get_resource_claim", "apiserver GET claim"),
@@ -232,8 +232,8 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
         (state_mod, "write_spec", "CDI spec write (fsync)"),
         (state_mod, "remove_spec", "CDI spec delete (fsync dir)"),
         (devices_mod, "remove_spec", "CDI spec delete (fsync dir)"),
-        (FakeMpsControl, "start", "MPS daemon start (fake)"),
-        (FakeMpsControl, "stop", "MPS daemon stop (fake)"),
+        (SimulatedMpsControl, "start", "MPS daemon start (fake)"),
+        (SimulatedMpsControl, "stop", "MPS daemon stop (fake)"),
         (SimulatedMigManager, "create", "MIG create (simulated)"),
         (SimulatedMigManager, "destroy", "MIG destroy (simulated)"),
     ]

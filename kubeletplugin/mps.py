@@ -315,7 +315,7 @@ def _daemon_pids(pipe_dir: Path) -> list[int]:
     return pids
 
 
-class FakeMpsControl:
+class SimulatedMpsControl:
     """MpsControl for tests and simulated nodes: daemons are records in `<state>/fake-mps.json`.
 
     The record file outlives the process, so a restarted (or SIGKILLed) plugin finds its daemons
@@ -332,6 +332,7 @@ class FakeMpsControl:
 
     @property
     def registry(self) -> Path:
+        # the name predates "Simulated"; kept, so that the other build of a rolling update finds the records
         return self.state_dir / "fake-mps.json"
 
     def _load(self) -> dict[str, Any]:

@@ -331,9 +331,9 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     """DeviceState with the MPS, MIG and time-slice backends that match the discovery backend."""
     from driver.driverroot import discover_driver_root
     from kubeletplugin.migmanager import MigManager, NvmlMigManager, SimulatedMigManager
-    from kubeletplugin.mps import FakeMpsControl, MpsControl, NvidiaMpsControl
+    from kubeletplugin.mps import MpsControl, NvidiaMpsControl, SimulatedMpsControl
     from kubeletplugin.state import DeviceState
-    from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, RecordingTimeSlicer, TimeSlicer
+    from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, SimulatedTimeSlicer, TimeSlicer
 
     driver_root = (
         discover_driver_root(config.cdi_driver_root, host_root=config.cdi_host_driver_root)
@@ -346,9 +346,9 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     if config.simulated:
         # Simulated GPUs cannot run MPS daemons, MIG instances or time slices; their stand-ins keep
         # the same records on disk, so restarts and crash recovery behave as on a real node.
-        mps = FakeMpsControl(config.state_dir)
+        mps = SimulatedMpsControl(config.state_dir)
         mig = SimulatedMigManager(config.state_dir)
-        timeslicer = RecordingTimeSlicer(config.state_dir)
+        timeslicer = SimulatedTimeSlicer(config.state_dir)
     else:
         if driver_root is None:
             log.warning(

@@ -68,11 +68,11 @@ class NvidiaSmiTimeSlicer:
         log.info("time-slice interval set", gpu_uuid=gpu_uuid, interval=interval)
 
 
-class RecordingTimeSlicer:
+class SimulatedTimeSlicer:
     """For simulated GPUs: the interval of each GPU is kept in `<state>/fake-timeslice.json`."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "fake-timeslice.json"
+        self.path = state_dir / "fake-timeslice.json"  # name kept from before "Simulated" (rolling updates)
         self._lock = SharedFileLock(self.path)
 
     def intervals(self) -> dict[str, str]:

@@ -24,7 +24,7 @@ from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, ClaimState, enc
 from kubeletplugin.draservice import claim_failure
 from kubeletplugin.kubeletclaims import ClaimRef
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
 from tests.test_allocation import inventory, make_claim, result, share
 
@@ -34,7 +34,7 @@ UID2 = "00000000-0000-4000-8000-0000000d15c1"
 
 def node(root: Path) -> DeviceState:
     state_dir = root / "state"
-    return DeviceState(inventory("dgx-h100-8"), root / "cdi", state_dir, "node-a", FakeMpsControl(state_dir),
+    return DeviceState(inventory("dgx-h100-8"), root / "cdi", state_dir, "node-a", SimulatedMpsControl(state_dir),
                        SimulatedMigManager(state_dir))  # fmt: skip
 
 
@@ -55,7 +55,7 @@ def leftovers(*dirs: Path) -> list[str]:
 def assert_holds_nothing(state: DeviceState) -> None:
     assert state.store.load() == {}
     assert claim_spec_uids(state.cdi_dir) == []
-    assert isinstance(state.mps, FakeMpsControl)
+    assert isinstance(state.mps, SimulatedMpsControl)
     assert state.mps.daemons() == {}
     assert leftovers(state.cdi_dir, state.state_dir) == []
 
@@ -68,7 +68,7 @@ def assert_failed_claim_gone(state: DeviceState, failed: str, kept: str, kept_sp
     assert entries[kept].state == ClaimState.PREPARE_COMPLETED
     assert claim_spec_uids(state.cdi_dir) == [kept]
     assert read_spec(state.cdi_dir, kept) == kept_spec
-    assert isinstance(state.mps, FakeMpsControl)
+    assert isinstance(state.mps, SimulatedMpsControl)
     assert sorted(state.mps.daemons()) == [kept]
 
 

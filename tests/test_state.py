@@ -26,9 +26,9 @@ from kubeletplugin.draservice import claim_failure
 from kubeletplugin.faults import CRASH_ENV, MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
 from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
+from kubeletplugin.mps import MpsError, SimulatedMpsControl, mps_paths
 from kubeletplugin.state import DeviceState
-from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
+from kubeletplugin.timeslicing import SimulatedTimeSlicer, TimeSliceError
 from tests.test_allocation import gpu_config, inventory, make_claim, result, share
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
@@ -60,7 +60,7 @@ def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwa
         tmp_path / "cdi",
         state_dir,
         "node-a",
-        kwargs.pop("mps", None) or FakeMpsControl(state_dir),
+        kwargs.pop("mps", None) or SimulatedMpsControl(state_dir),
         SimulatedMigManager(state_dir),
         fault_hook=hook,
         **kwargs,
@@ -100,8 +100,8 @@ def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
 
 
-def fake_mps(state: DeviceState) -> FakeMpsControl:
-    assert isinstance(state.mps, FakeMpsControl)
+def fake_mps(state: DeviceState) -> SimulatedMpsControl:
+    assert isinstance(state.mps, SimulatedMpsControl)
     return state.mps
 
 
@@ -242,7 +242,7 @@ def test_overlapping_dynamic_mig_of_another_claim_fails_and_holds_nothing(tmp_pa
 
 
 def test_time_slicing_sets_the_interval_and_unprepare_resets_it(tmp_path):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     state = make_state(tmp_path, timeslicer=slicer)
     got = prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
     assert not got.error
@@ -274,7 +274,7 @@ def test_time_slice_failure_fails_the_prepare_and_rolls_back(tmp_path):
 
 
 def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypatch):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     state = make_state(tmp_path, timeslicer=slicer)
     prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
 
@@ -287,7 +287,7 @@ def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypa
 
 
 def test_recover_reapplies_time_slice_intervals(tmp_path):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     prepare(
         make_state(tmp_path, timeslicer=slicer),
         [result("gpu-2")],
@@ -421,7 +421,7 @@ def test_different_thread_percentages_in_one_claim_is_an_error(tmp_path):
 def test_failed_mps_start_rolls_the_claim_back(tmp_path):
     state_dir = tmp_path / "state"
     failing = fail_at(MPS_START, MpsError("nvidia-cuda-mps-control -d exited with 1: (injected failure)"))
-    state = make_state(tmp_path, mps=FakeMpsControl(state_dir, fault_hook=failing))
+    state = make_state(tmp_path, mps=SimulatedMpsControl(state_dir, fault_hook=failing))
     got = prepare(state, [share("gpu-1", "8Gi")])
     assert "injected failure" in got.error
     assert read_spec(state.cdi_dir, UID) is None
