@@ -26,3 +26,17 @@ class DeviceError(TesseraError, RuntimeError):
 
 class NodeStateError(TesseraError, ValueError):
     """What the node agent keeps on disk (checkpoint, state and CDI directories) cannot be trusted."""
+
+
+class DiscoveryError(TesseraError):
+    """Discovery (driver.discovery and its backends) could not produce an inventory.
+
+    The message says where (file, field path) and how to fix it.
+    """
+
+    def __init__(self, message: str, *, source: str = "", field_path: str = "") -> None:
+        self.message = message
+        self.source = source
+        self.field_path = field_path
+        prefix = ": ".join(part for part in (source, field_path) if part)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
