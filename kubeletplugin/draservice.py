@@ -5,7 +5,8 @@ checks that it is the claim kubelet means (uid) and that it is allocated, and ha
 DeviceState, which does the work. Rules kubelet imposes on the answer:
 
 - every claim of the request gets exactly one entry, keyed by uid; a failure is that claim's
-  `error`, never a gRPC error (which would make kubelet drop the whole batch);
+  `error`, never a gRPC error (which would make kubelet drop the whole batch): whatever DeviceState
+  or the GET raises becomes that text in `claim_failure`, the one place that logs it;
 - the answer must arrive before kubelet's deadline (45 s), so claims are worked on in parallel,
   and a claim that is not done in time is answered with a retryable error while its work goes on
   in the background (DeviceState is idempotent, so kubelet's retry finds it done or resumes it).

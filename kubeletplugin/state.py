@@ -1,7 +1,8 @@
 """DeviceState: what it means to prepare and unprepare a claim on this node.
 
 The gRPC layer hands over a claim (already fetched from the apiserver) and gets back CDI device ids,
-or an error text; everything in between happens here, in this order, and a crash at any point is
+or an exception (it writes the claim's error text and the log line); everything in between happens
+here, in this order, and a crash at any point is
 repaired (the two checkpoint writes of each side are the only durable records; what happens
 between them is found again by recover()'s orphan scans):
 
