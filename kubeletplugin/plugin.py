@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from driver import DRIVER_NAME
-from driver.errors import InvalidInputError
+from driver.errors import InvalidInputError, TesseraError
 from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
@@ -375,17 +375,14 @@ def run_plugin(
     on_started: Callable[[KubeletPlugin], None] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop_event`); 0 on a clean stop, 1 when the plugin cannot start."""
-    from driver.discovery import DiscoveryError, load_inventory
-    from driver.driverroot import DriverRootError
+    from driver.discovery import load_inventory
     from driver.kubeapi import RealKubeAPI
-    from kubeletplugin.checkpoint import CheckpointFromNewerBuild
-    from kubeletplugin.fsguard import UnsafeDirectoryError
 
     stop = stop_event or threading.Event()
     try:
         inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
         state = build_device_state(config, inventory)
-    except (DiscoveryError, DriverRootError, UnsafeDirectoryError) as exc:
+    except TesseraError as exc:  # discovery, driver root, unsafe directories: the text says what to fix
         log.error("cannot start the kubelet plugin", error=str(exc))
         return 1
     if api is None:
@@ -401,7 +398,7 @@ def run_plugin(
     try:
         try:
             plugin.start()
-        except (SocketError, OSError, CheckpointFromNewerBuild) as exc:
+        except (TesseraError, OSError) as exc:  # sockets, a checkpoint of a newer build, the disk
             log.error("cannot start the kubelet plugin", error=str(exc))
             return 1
         if on_started is not None:
