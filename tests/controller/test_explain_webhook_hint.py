@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from controller.admission import AdmissionHandler
-from tests.controller.test_webhook_admission import D, claim, handler, review
-
-__all__ = ["handler"]  # the module-scoped fixture, shared with test_webhook_admission
+from tests.builders.admission import D, claim, review
 
 B200_ONLY = [{"cel": {"expression": f'{D}.productName == "NVIDIA B200"'}}]
 B200 = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev",

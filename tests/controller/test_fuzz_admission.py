@@ -40,7 +40,7 @@ from controller.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.controller.test_webhook_server import CA, client_context
+from tests.builders.webhook import CA, client_context
 
 CASES: Counter[str] = Counter()
 EXAMPLES = int(os.environ.get("TESSERA_FUZZ_EXAMPLES", "250"))

@@ -19,9 +19,9 @@ from controller.context import CheckContext
 from controller.prototypes import prototype_index
 from controller.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
-from tests.controller.test_webhook_admission import claim as admission_claim
-from tests.controller.test_webhook_admission import multicard_spec
-from tests.controller.test_webhook_server import CA, admission_review, client_context, connect, post
+from tests.builders.admission import claim as admission_claim
+from tests.builders.admission import multicard_spec
+from tests.builders.webhook import CA, admission_review, client_context, connect, post
 from tests.fakes.watchcluster import device_class
 
 

@@ -25,8 +25,8 @@ from driver.cel import CelBudgetExceeded, compile_selector, device_view
 from driver.cel.analysis import MAX_COST
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.controller.test_webhook_admission import claim, review
-from tests.controller.test_webhook_server import CA, client_context, connect, post
+from tests.builders.admission import claim, review
+from tests.builders.webhook import CA, client_context, connect, post
 from tests.fakes.watchcluster import device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'

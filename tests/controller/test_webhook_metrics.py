@@ -18,7 +18,7 @@ from controller.inventory import DeviceIndex
 from controller.metrics import ControllerMetrics
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.controller.test_webhook_server import CA, admission_review
+from tests.builders.webhook import CA, admission_review
 from tests.fakes.watchcluster import FakeCluster, device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tests.controller.test_webhook_server import CA
+from tests.builders.webhook import CA
 
 KUBECONFIG = """\
 apiVersion: v1

@@ -14,7 +14,7 @@ from controller.schema import published_schema
 from controller.tolerationchecks import tolerates
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.controller.test_webhook_admission import GPU_CLASS, claim, review
+from tests.builders.admission import GPU_CLASS, claim, review
 
 LOST = {"key": "gpu.tessera.dev/gpu-lost", "value": "fallen-off-bus", "effect": "NoExecute",
         "timeAdded": "2026-11-25T13:00:00Z"}

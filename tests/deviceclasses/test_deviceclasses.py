@@ -283,7 +283,7 @@ def test_unguarded_selector_would_have_failed_this_test(cel, devices):
 @pytest.fixture(scope="module")
 def chart_classes() -> dict[str, dict[str, Any]]:
     from hack.k8stools import RegistryUnreachable, UnsupportedPlatform, ensure_tools
-    from tests.helm.test_helm import objects, render
+    from tests.builders.helm import objects, render
 
     try:
         paths = ensure_tools()
@@ -301,7 +301,7 @@ def test_chart_deviceclasses_equal_the_plain_manifests(chart_classes):
 
 def test_chart_can_map_nvidia_gpu_to_the_whole_gpu_class_and_only_that_class(chart_classes):
     from hack.k8stools import ensure_tools
-    from tests.helm.test_helm import objects, render
+    from tests.builders.helm import objects, render
 
     del chart_classes  # only for its skip when helm is unavailable
     docs = render(ensure_tools(), "extendedResources.nvidiaGpu=true")
@@ -414,7 +414,7 @@ TOGGLES = {
 
 def test_chart_ships_the_mig_profile_classes_it_is_given(chart_classes):
     from hack.k8stools import ensure_tools
-    from tests.helm.test_helm import objects, render
+    from tests.builders.helm import objects, render
 
     del chart_classes  # only for its skip when helm is unavailable
     docs = render(ensure_tools(), "deviceClasses.migProfiles=null")
@@ -427,7 +427,7 @@ def test_chart_ships_the_mig_profile_classes_it_is_given(chart_classes):
 @pytest.mark.parametrize("toggle", sorted(TOGGLES))
 def test_each_chart_toggle_leaves_out_exactly_its_class(chart_classes, toggle):
     from hack.k8stools import ensure_tools
-    from tests.helm.test_helm import objects, render
+    from tests.builders.helm import objects, render
 
     del chart_classes  # only for its skip when helm is unavailable
     docs = render(ensure_tools(), f"deviceClasses.{toggle}=false")

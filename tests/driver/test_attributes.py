@@ -22,7 +22,7 @@ from driver.discovery import load_inventory
 from driver.simulated import builtin_profiles
 from driver.slices import build_slices
 from driver.validation import is_semver, qualified_name_errors
-from tests.driver.test_slices import make_gpu, make_inventory
+from tests.builders.inventory import make_gpu, make_inventory
 
 
 @pytest.mark.parametrize(

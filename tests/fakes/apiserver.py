@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 import queue
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
@@ -173,3 +178,129 @@ class FakeKubeAPI:
             mutate(obj)
             self._bump(obj)
             self._emit("MODIFIED", obj)
+
+
+_SLICES = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/(?P<name>[^/]+))?$")
+_CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims/(?P<name>[^/]+)$")
+_NODE = re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")
+
+
+class FakeApiServer:
+    """Serves a FakeKubeAPI on 127.0.0.1 for the REST calls driver.kubeapi.RealKubeAPI makes."""
+
+    def __init__(self, fake: FakeKubeAPI) -> None:
+        self.fake = fake
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), http_handler(fake))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.fake.close_watches()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "plugin", "user": {"token": "test"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "plugin"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+
+def http_handler(fake: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            del format, args
+
+        def _send(self, code: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, exc: ApiError) -> None:
+            self._send(
+                exc.status or 500,
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": exc.message or str(exc),
+                 "reason": exc.reason, "code": exc.status},
+            )
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length)) if length else {}
+
+        def _route(self, method: str) -> None:
+            url = urlparse(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            try:
+                if m := _NODE.match(url.path):
+                    if method == "GET":
+                        return self._send(200, fake.get_node(m["name"]))
+                elif m := _CLAIM.match(url.path):
+                    if method == "GET":
+                        return self._send(200, fake.get_resource_claim(m["ns"], m["name"]))
+                elif m := _SLICES.match(url.path):
+                    name = m["name"]
+                    if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
+                        return self._watch(query)
+                    if method == "GET" and name is None:
+                        selectors = (query.get("fieldSelector", ""), query.get("labelSelector", ""))
+                        return self._send(200, fake.list_resource_slices(*selectors))
+                    if method == "POST" and name is None:
+                        return self._send(201, fake.create_resource_slice(self._body()))
+                    if method == "PUT" and name:
+                        return self._send(200, fake.replace_resource_slice(name, self._body()))
+                    if method == "DELETE" and name:
+                        fake.delete_resource_slice(name)
+                        return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": url.path})
+            except ApiError as exc:
+                return self._error(exc)
+
+        def _watch(self, query: dict[str, str]) -> None:
+            events = fake.watch_resource_slices(
+                query.get("resourceVersion", ""), query.get("fieldSelector", ""),
+                int(query.get("timeoutSeconds", "60")),
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()  # HTTP/1.0 without a length: the stream ends when the connection closes
+            try:
+                for event in events:
+                    self.wfile.write(json.dumps({"type": event.type, "object": event.object}).encode() + b"\n")
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                events.close()  # type: ignore[attr-defined]  # a generator: closing unregisters the watcher
+
+        def do_GET(self) -> None:
+            self._route("GET")
+
+        def do_POST(self) -> None:
+            self._route("POST")
+
+        def do_PUT(self) -> None:
+            self._route("PUT")
+
+        def do_DELETE(self) -> None:
+            self._route("DELETE")
+
+    return Handler

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import base64
 import datetime
-import functools
-import json
 import re
 import subprocess
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from hack.k8stools import RegistryUnreachable, ToolPaths, UnsupportedPlatform, ensure_tools
+from tests.builders.helm import CHART, NAMESPACE, helm_template, objects, render
 from tests.paths import REPO
 
 ROOT = REPO
-CHART = ROOT / "helm" / "tessera"
-NAMESPACE = "tessera-system"
 DRIVER = "gpu.tessera.dev"
 PLUGIN_SA = f"system:serviceaccount:{NAMESPACE}:tessera-kubelet-plugin"
 
@@ -74,34 +70,10 @@ def tools() -> ToolPaths:
         pytest.skip(str(exc))
 
 
-def _helm_template(helm: Path, sets: tuple[str, ...], release: str = "tessera") -> subprocess.CompletedProcess[str]:
-    cmd = [str(helm), "template", release, str(CHART), "--namespace", NAMESPACE]
-    for s in sets:
-        cmd += ["--set", s]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
-
-
-@functools.cache
-def _render_cached(helm: Path, sets: tuple[str, ...], release: str) -> tuple[dict[str, Any], ...]:
-    proc = _helm_template(helm, sets, release)
-    assert proc.returncode == 0, f"helm template {' '.join(sets)} failed:\n{proc.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
-
-
-def render(tools: ToolPaths, *sets: str, release: str = "tessera") -> list[dict[str, Any]]:
-    # Deep copies keep the cache safe from tests that poke at the objects.
-    docs: list[dict[str, Any]] = json.loads(json.dumps(list(_render_cached(tools.helm, tuple(sets), release))))
-    return docs
-
-
 def render_error(tools: ToolPaths, *sets: str) -> str:
-    proc = _helm_template(tools.helm, tuple(sets))
+    proc = helm_template(tools.helm, tuple(sets))
     assert proc.returncode != 0, f"helm template {' '.join(sets)} unexpectedly succeeded"
     return proc.stderr
-
-
-def objects(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
 
 
 def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -12,32 +12,12 @@ from kubeletplugin.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
     CheckpointStore,
-    ClaimEntry,
-    ClaimState,
-    GpuUse,
     decode,
     encode,
 )
-from kubeletplugin.migmanager import CreatedMig
-from kubeletplugin.mps import MpsDaemon
-from kubeletplugin.types import PreparedDevice
+from tests.builders.checkpoint import full_entry
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
-
-
-def full_entry(uid: str = UID) -> ClaimEntry:
-    return ClaimEntry(
-        uid=uid,
-        namespace="team-a",
-        name="claim",
-        state=ClaimState.PREPARE_COMPLETED,
-        devices=(PreparedDevice(("gpu",), "node-a", "gpu-0", (f"gpu.tessera.dev/claim={uid}-gpu-0",), "3f2c8a9e"),),
-        gpu_uses=(GpuUse("GPU-0", "share"),),
-        allocation={"devices": {"results": [None, {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
-                                                   "device": "gpu-0", "shareID": "3f2c8a9e"}], "config": []}},
-        mps=MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),
-        migs=(CreatedMig("GPU-1", 1, 1, "1g.10gb", 3, 1, 2, 0, "MIG-x"),),
-    )
 
 
 def test_round_trip_keeps_every_field(tmp_path):

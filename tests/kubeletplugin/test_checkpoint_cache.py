@@ -20,8 +20,8 @@ from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from kubeletplugin.migmanager import MigError
 from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer
-from tests.driver.test_allocation import gpu_config, result, share
-from tests.kubeletplugin.test_state import UID, make_state, prepare, ref
+from tests.builders.claims import UID, gpu_config, result, share
+from tests.builders.state import make_state, prepare, ref
 
 
 def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEntry:

@@ -22,8 +22,8 @@ from driver.cdi import claim_spec_uids, read_spec, spec_path
 from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, _canonical
 from kubeletplugin.fsguard import UnsafeDirectoryError
 from kubeletplugin.mps import mps_paths
-from tests.driver.test_allocation import share
-from tests.kubeletplugin.test_state import UID, fake_mps, make_state, prepare
+from tests.builders.claims import UID, share
+from tests.builders.state import fake_mps, make_state, prepare
 
 OTHER_UID = 65534
 ROOT_MOUNT = {"hostPath": "/", "containerPath": "/host", "options": ["rw", "rbind"]}

@@ -25,9 +25,9 @@ from kubeletplugin.checkpoint import (
     ClaimState,
     encode,
 )
-from tests.driver.test_allocation import share
-from tests.kubeletplugin.test_checkpoint import full_entry
-from tests.kubeletplugin.test_state import UID, UID2, make_state, prepare
+from tests.builders.checkpoint import full_entry
+from tests.builders.claims import UID, share
+from tests.builders.state import UID2, make_state, prepare
 from tests.paths import REPO
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint" / "format1.json"

@@ -27,9 +27,9 @@ from driver.config import API_VERSION
 from driver.discovery import load_inventory
 from kubeletplugin.types import ClaimRef
 from tests.builders.nodefiles import snapshot
+from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import ClaimAnswer, KubeletClient, PluginConnection, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import NODE, make_config
 
 DRIVER = "gpu.tessera.dev"
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,

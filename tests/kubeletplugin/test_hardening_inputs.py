@@ -27,8 +27,8 @@ from driver.validation import is_c_identifier, is_dns_label, is_dns_subdomain, i
 from kubeletplugin.checkpoint import FILE_NAME, MAX_DEPTH, CheckpointError, _canonical, decode
 from kubeletplugin.types import ClaimRef
 from tessera.cmd_check import check_files
-from tests.driver.test_allocation import inventory, result, share
-from tests.kubeletplugin.test_state import UID, make_state, prepare
+from tests.builders.claims import UID, inventory, result, share
+from tests.builders.state import make_state, prepare
 
 # -- deeply nested checkpoints ----------------------------------------------------------------------
 

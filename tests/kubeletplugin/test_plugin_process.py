@@ -7,285 +7,25 @@ sockets, driven by tests/fakes/kubeletclient.py the way kubelet drives it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import queue
-import re
 import signal
-import subprocess
-import sys
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pytest
 
-from driver.kubeapi import ApiError
 from kubeletplugin.grpcservers import SocketPaths
 from kubeletplugin.types import ClaimRef
-from tests.fakes.apiserver import FakeKubeAPI
-from tests.fakes.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
-from tests.paths import REPO
-
-NODE = "node-a"
-DRIVER = "gpu.tessera.dev"
-START_TIMEOUT_S = 60.0
-
-_SLICES = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/(?P<name>[^/]+))?$")
-_CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims/(?P<name>[^/]+)$")
-_NODE = re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")
-
+from tests.builders.plugin import DRIVER, NODE, PluginProcess, add_share_claim, http_get, make_config, mps_records, uid
+from tests.fakes.apiserver import FakeApiServer, FakeKubeAPI
+from tests.fakes.kubeletclient import KubeletClient, registration_sockets
 
 # -- an apiserver stand-in over HTTP --------------------------------------------------------------
 
 
-class FakeApiServer:
-    """Serves a FakeKubeAPI on 127.0.0.1 for the REST calls driver.kubeapi.RealKubeAPI makes."""
-
-    def __init__(self, fake: FakeKubeAPI) -> None:
-        self.fake = fake
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.fake.close_watches()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-                    "users": [{"name": "plugin", "user": {"token": "test"}}],
-                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "plugin"}}],
-                    "current-context": "fake",
-                }
-            )
-        )
-        return path
-
-
-def _handler(fake: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            del format, args
-
-        def _send(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, exc: ApiError) -> None:
-            self._send(
-                exc.status or 500,
-                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": exc.message or str(exc),
-                 "reason": exc.reason, "code": exc.status},
-            )
-
-        def _body(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            return json.loads(self.rfile.read(length)) if length else {}
-
-        def _route(self, method: str) -> None:
-            url = urlparse(self.path)
-            query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            try:
-                if m := _NODE.match(url.path):
-                    if method == "GET":
-                        return self._send(200, fake.get_node(m["name"]))
-                elif m := _CLAIM.match(url.path):
-                    if method == "GET":
-                        return self._send(200, fake.get_resource_claim(m["ns"], m["name"]))
-                elif m := _SLICES.match(url.path):
-                    name = m["name"]
-                    if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
-                        return self._watch(query)
-                    if method == "GET" and name is None:
-                        selectors = (query.get("fieldSelector", ""), query.get("labelSelector", ""))
-                        return self._send(200, fake.list_resource_slices(*selectors))
-                    if method == "POST" and name is None:
-                        return self._send(201, fake.create_resource_slice(self._body()))
-                    if method == "PUT" and name:
-                        return self._send(200, fake.replace_resource_slice(name, self._body()))
-                    if method == "DELETE" and name:
-                        fake.delete_resource_slice(name)
-                        return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-                return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": url.path})
-            except ApiError as exc:
-                return self._error(exc)
-
-        def _watch(self, query: dict[str, str]) -> None:
-            events = fake.watch_resource_slices(
-                query.get("resourceVersion", ""), query.get("fieldSelector", ""),
-                int(query.get("timeoutSeconds", "60")),
-            )
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()  # HTTP/1.0 without a length: the stream ends when the connection closes
-            try:
-                for event in events:
-                    self.wfile.write(json.dumps({"type": event.type, "object": event.object}).encode() + b"\n")
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            finally:
-                events.close()  # type: ignore[attr-defined]  # a generator: closing unregisters the watcher
-
-        def do_GET(self) -> None:
-            self._route("GET")
-
-        def do_POST(self) -> None:
-            self._route("POST")
-
-        def do_PUT(self) -> None:
-            self._route("PUT")
-
-        def do_DELETE(self) -> None:
-            self._route("DELETE")
-
-    return Handler
-
-
 # -- the plugin process ---------------------------------------------------------------------------
-
-
-class PluginProcess:
-    """`python -m tessera kubelet-plugin` with JSON logs read back as events."""
-
-    def __init__(self, root: Path, kubeconfig: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.root = root
-        self.paths = SocketPaths(root / "kubelet")
-        self.cdi_dir = root / "cdi"
-        self.state_dir = root / "state"
-        self.args = [
-            sys.executable, "-m", "tessera", "--log-format", "json", "--log-level", "info", "kubelet-plugin",
-            "--node-name", NODE, "--simulate", "mixed", "--kubeconfig", str(kubeconfig),
-            "--kubelet-dir", str(self.paths.kubelet_dir), "--cdi-dir", str(self.cdi_dir),
-            "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", *extra,
-        ]
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.lines: list[str] = []
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> dict[str, Any]:
-        """Start and return the "kubelet plugin running" log event."""
-        self.proc = subprocess.Popen(
-            self.args, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        return self.wait_event("kubelet plugin running")
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self.lines.append(line)
-            with contextlib.suppress(json.JSONDecodeError):
-                self.events.put(json.loads(line))
-        self.events.put({"event": "<exit>"})
-
-    def wait_event(self, name: str, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
-        while True:
-            try:
-                event = self.events.get(timeout=timeout)
-            except queue.Empty:
-                raise AssertionError(f"no {name!r} log event; output so far:\n{''.join(self.lines)}") from None
-            if event.get("event") == name:
-                return event
-            if event.get("event") == "<exit>":
-                raise AssertionError(f"plugin exited before {name!r}:\n{''.join(self.lines)}")
-
-    def wait(self, timeout: float = 30.0) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout=timeout)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    fake = FakeKubeAPI()
-    fake.add_node(NODE)
-    server = FakeApiServer(fake)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_tmpdir() as d:
-        yield d
-
-
-def uid(n: int) -> str:
-    return f"5e6f7a8b-9c0d-4e1f-8a2b-{n:012d}"
-
-
-def add_share_claim(fake: FakeKubeAPI, name: str, claim_uid: str) -> ClaimRef:
-    fake.add_claim(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default", "uid": claim_uid},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-2",
-                             "shareID": "3f2c8a9e-5d41-4b7a-9e2f-6c0d1a2b3c4d",
-                             "consumedCapacity": {"memory": "4Gi", "multiprocessors": "8"}},
-                        ],
-                        "config": [],
-                    }
-                }
-            },
-        }
-    )
-    return ClaimRef("default", name, claim_uid)
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def mps_records(state_dir: Path) -> dict[str, Any]:
-    path = state_dir / "fake-mps.json"
-    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    return data
 
 
 # -- tests ----------------------------------------------------------------------------------------
@@ -371,38 +111,6 @@ def _wait_healthy(port: int) -> tuple[int, str]:
 
 
 # -- the same plugin in-process: start order, health stream, healthz, metrics, error exits ----------
-
-
-def make_config(root: Path, **overrides: Any) -> Any:
-    from kubeletplugin.plugin import PluginConfig
-
-    kwargs: dict[str, Any] = {
-        "node_name": NODE,
-        "kubelet_dir": root / "kubelet",
-        "cdi_dir": root / "cdi",
-        "state_dir": root / "state",
-        "simulate": "mixed",
-        "metrics_addr": "127.0.0.1:0",
-        "stop_grace": 2.0,
-    }
-    kwargs.update(overrides)
-    return PluginConfig(**kwargs)
-
-
-@pytest.fixture
-def in_process(root: Path) -> Iterator[Any]:
-    from driver.discovery import load_inventory
-    from kubeletplugin.plugin import KubeletPlugin, build_device_state
-
-    config = make_config(root)
-    inventory = load_inventory(NODE, simulate="mixed")
-    fake = FakeKubeAPI()
-    fake.add_node(NODE)
-    plugin = KubeletPlugin(config, fake, inventory, build_device_state(config, inventory), health_resend_interval=30)
-    plugin.fake = fake  # type: ignore[attr-defined]
-    yield plugin
-    fake.close_watches()  # the publisher's watch long-poll would otherwise hold stop() for its join timeout
-    plugin.stop()
 
 
 def test_registration_socket_appears_only_once_the_dra_socket_serves(in_process: Any) -> None:

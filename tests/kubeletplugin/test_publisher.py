@@ -14,7 +14,7 @@ from driver.kubeapi import Obj
 from driver.names import slice_name
 from driver.slices import build_slices
 from kubeletplugin.publisher import Backoff, Publisher
-from tests.driver.test_slices import make_gpu, make_inventory
+from tests.builders.inventory import make_gpu, make_inventory
 from tests.fakes.apiserver import FakeKubeAPI
 
 NODE = "node-a"

@@ -21,17 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.apiserver import FakeKubeAPI
+from tests.builders.plugin import NODE, PluginProcess, add_share_claim, http_get, uid
+from tests.fakes.apiserver import FakeApiServer, FakeKubeAPI, http_handler
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import (
-    NODE,
-    FakeApiServer,
-    PluginProcess,
-    _handler,
-    add_share_claim,
-    http_get,
-    uid,
-)
 
 OUTAGE_S = 30.0
 CONVERGE_TIMEOUT_S = 90.0  # the publisher's backoff is capped at 30 s; this bounds a hang, it times nothing
@@ -67,7 +59,7 @@ class OutageApiServer(FakeApiServer):
 def _chunked_handler(fake: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
     """The stand-in's handler with watches sent as HTTP/1.1 chunks, as the apiserver sends them: a
     client reading a plain HTTP/1.0 stream may wait for a full buffer before it sees an event."""
-    base = _handler(fake)
+    base = http_handler(fake)
 
     class Chunked(base):  # type: ignore[misc,valid-type]
         protocol_version = "HTTP/1.1"

@@ -26,9 +26,9 @@ import pytest
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
 from kubeletplugin.types import ClaimRef
+from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import ClaimAnswer, KubeletClient, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import NODE, make_config
 
 CALLS = 64
 MIB = 1024 * 1024

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,10 @@ from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer
 from kubeletplugin.types import ClaimRef, PrepareResult
-from tests.driver.test_allocation import gpu_config, inventory, make_claim, result, share
-from tests.fakes.apiserver import FakeKubeAPI
+from tests.builders.claims import gpu_config, inventory, make_claim, result, share
+from tests.builders.plugin import NODE, PluginProcess, mps_records
+from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import NODE, FakeApiServer, PluginProcess, mps_records
 
 PROFILE = "h100-16-mig"
 ALL_STEPS = PREPARE_STEPS + UNPREPARE_STEPS
@@ -323,16 +323,6 @@ class Kubelet:
                 self.maybe_prepared -= {r.name for r in gone}
         finally:
             conn.close()
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    fake = FakeKubeAPI()
-    fake.add_node(NODE)
-    server = FakeApiServer(fake)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_sigkill_at_random_steps_then_restart_replays_kubelet(apiserver: FakeApiServer) -> None:

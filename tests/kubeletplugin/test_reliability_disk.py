@@ -25,7 +25,7 @@ from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
 from kubeletplugin.types import ClaimRef
-from tests.driver.test_allocation import inventory, make_claim, result, share
+from tests.builders.claims import inventory, make_claim, result, share
 
 UID = "00000000-0000-4000-8000-0000000d15c0"
 UID2 = "00000000-0000-4000-8000-0000000d15c1"

@@ -12,10 +12,7 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
-from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
@@ -25,68 +22,12 @@ from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
 from kubeletplugin.state import CRASH_ENV, PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
 from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
-from tests.driver.test_allocation import gpu_config, inventory, make_claim, result, share
-from tests.paths import CDI_SCHEMA, REPO
+from kubeletplugin.types import PreparedDevice, PrepareResult
+from tests.builders.claims import UID, gpu_config, inventory, make_claim, result, share
+from tests.builders.state import UID2, Crash, crash_at, env_of, fake_mps, make_state, prepare, ref, spec_of
+from tests.paths import REPO
 
-UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
-UID2 = "0a9b8c7d-0000-4000-8000-000000000002"
-SCHEMA = json.loads(CDI_SCHEMA.read_text())
 GIB = 1024**3
-
-
-class Crash(BaseException):
-    """Stands in for the process dying at a step (BaseException: nothing in DeviceState catches it)."""
-
-
-def crash_at(step: str):
-    def hook(current: str) -> None:
-        if current == step:
-            raise Crash(step)
-
-    return hook
-
-
-def no_crash(step: str) -> None:
-    del step
-
-
-def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
-    state_dir = tmp_path / "state"
-    return DeviceState(
-        inventory(profile),
-        tmp_path / "cdi",
-        state_dir,
-        "node-a",
-        kwargs.pop("mps", None) or FakeMpsControl(state_dir),
-        SimulatedMigManager(state_dir),
-        crash_hook=hook,
-        **kwargs,
-    )
-
-
-def ref(uid: str = UID, name: str = "claim") -> ClaimRef:
-    return ClaimRef("team-a", name, uid)
-
-
-def prepare(state: DeviceState, results, configs=None, uid: str = UID, name: str = "claim") -> PrepareResult:
-    return state.prepare(ref(uid, name), make_claim(results, configs, uid=uid, name=name))
-
-
-def spec_of(state: DeviceState, uid: str = UID) -> dict[str, Any]:
-    spec = read_spec(state.cdi_dir, uid)
-    assert spec is not None
-    jsonschema.Draft202012Validator(SCHEMA).validate(spec)
-    return spec
-
-
-def env_of(spec: dict[str, Any]) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
-
-
-def fake_mps(state: DeviceState) -> FakeMpsControl:
-    assert isinstance(state.mps, FakeMpsControl)
-    return state.mps
 
 
 # --- the four kinds ---------------------------------------------------------------------------
@@ -646,8 +587,8 @@ def test_sigkill_from_env_between_checkpoint_and_cdi_write(tmp_path):
 import sys
 sys.path.insert(0, {str(REPO)!r})
 from pathlib import Path
-from tests.kubeletplugin.test_state import make_state, prepare
-from tests.driver.test_allocation import result
+from tests.builders.state import make_state, prepare
+from tests.builders.claims import result
 from kubeletplugin.state import crash_from_env
 prepare(make_state(Path({str(tmp_path)!r}), hook=crash_from_env), [result("gpu-0")])
 print("survived")

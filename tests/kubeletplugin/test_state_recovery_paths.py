@@ -14,19 +14,8 @@ import pytest
 
 from kubeletplugin.checkpoint import FILE_NAME
 from kubeletplugin.state import DeviceState
-from tests.driver.test_allocation import gpu_config, inventory, result, share
-from tests.kubeletplugin.test_state import (
-    UID,
-    UID2,
-    Crash,
-    crash_at,
-    env_of,
-    fake_mps,
-    make_state,
-    prepare,
-    ref,
-    spec_of,
-)
+from tests.builders.claims import UID, gpu_config, inventory, result, share
+from tests.builders.state import UID2, Crash, crash_at, env_of, fake_mps, make_state, prepare, ref, spec_of
 
 MIG = "h100-16-mig"
 

@@ -25,7 +25,7 @@ from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import FakeMpsControl
 from kubeletplugin.state import DeviceState
 from kubeletplugin.types import ClaimRef
-from tests.driver.test_allocation import inventory, make_claim, share
+from tests.builders.claims import inventory, make_claim, share
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
 from tests.paths import REPO

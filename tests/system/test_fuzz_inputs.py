@@ -33,13 +33,12 @@ from driver.config import API_VERSION, ConfigError, GpuConfig, decode_gpu_config
 from driver.discovery import DiscoveryError, load_inventory
 from driver.model import Inventory
 from kubeletplugin.types import ClaimRef
+from tests.builders.admission import claim as admission_claim
+from tests.builders.admission import multicard_spec, review
 from tests.builders.nodefiles import snapshot
-from tests.controller.test_webhook_admission import claim as admission_claim
-from tests.controller.test_webhook_admission import handler as handler  # noqa: PLC0414 (module-scoped fixture)
-from tests.controller.test_webhook_admission import multicard_spec, review
+from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, PluginConnection, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import NODE, make_config
 from tests.paths import REPO
 
 CASES: Counter[str] = Counter()

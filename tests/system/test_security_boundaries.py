@@ -28,11 +28,10 @@ from controller.admission import AdmissionHandler
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from driver.cel.analysis import MAX_EXPRESSION_BYTES
 from kubeletplugin.types import ClaimRef
-from tests.controller.test_webhook_admission import handler as handler  # noqa: PLC0414 (module-scoped fixture)
-from tests.controller.test_webhook_server import CA
+from tests.builders.plugin import NODE, add_share_claim, make_config, uid
+from tests.builders.webhook import CA
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
-from tests.kubeletplugin.test_plugin_process import NODE, add_share_claim, make_config, uid
 
 # -- the node agent ------------------------------------------------------------------------------------
 
