@@ -22,10 +22,10 @@ from benchmarks import (
     webhook_load_bench,
 )
 from benchmarks import run as bench_run
-from benchmarks.memapi import MemoryKubeAPI
 from benchmarks.stats import percentile, summarize, table
 from driver.kubeapi import ApiError
 from kubeletplugin.checkpoint import CheckpointStore
+from tests.fakes.apiserver import FakeKubeAPI
 
 
 def test_summary_uses_nearest_rank_percentiles() -> None:
@@ -52,8 +52,8 @@ def test_fsync_floor_measures_each_write(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_memory_api_behaves_like_an_apiserver_on_errors_and_watch() -> None:
-    api = MemoryKubeAPI()
+def test_in_memory_api_behaves_like_an_apiserver_on_errors_and_watch() -> None:
+    api = FakeKubeAPI()
     with pytest.raises(ApiError) as missing:
         api.get_resource_claim("ns", "nope")
     assert missing.value.not_found
@@ -89,7 +89,7 @@ def test_prepare_benchmark_covers_every_shape_and_restores_the_patched_steps() -
 
 
 def test_a_failed_prepare_stops_the_benchmark_with_the_plugins_error() -> None:
-    api = MemoryKubeAPI()
+    api = FakeKubeAPI()
     plugin = prepare_bench.NodePlugin(api, "n", "dgx-h100-8", "static")
     try:
         with pytest.raises(prepare_bench.BenchmarkError, match="does not exist"):

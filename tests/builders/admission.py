@@ -10,7 +10,7 @@ from controller.prototypes import prototype_index
 from controller.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'
 GPU_CLASS = device_class("gpu.tessera.dev", f'device.driver == "gpu.tessera.dev" && {D}.type == "gpu"')

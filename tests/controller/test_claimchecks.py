@@ -12,7 +12,7 @@ from controller.prototypes import prototype_index
 from controller.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'
 CLASSES = {

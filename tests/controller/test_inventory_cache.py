@@ -13,7 +13,7 @@ from controller.usage import memory_usage
 from driver.discovery import load_inventory
 from driver.kubeapi import ApiError, WatchEvent
 from driver.slices import build_slices
-from tests.fakes.watchcluster import FakeCluster, device_class
+from tests.fakes.cluster import FakeCluster, device_class
 
 
 def gpu(name: str, memory: str = "80Gi", **attrs) -> dict:

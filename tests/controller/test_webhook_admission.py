@@ -13,7 +13,7 @@ from controller.context import CheckContext
 from controller.prototypes import prototype_index
 from controller.schema import published_schema
 from tests.builders.admission import GPU_CLASS, D, claim, multicard_spec, review
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 
 def apply_patch(obj: dict, patch: list[dict]) -> dict:

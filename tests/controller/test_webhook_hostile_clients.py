@@ -22,7 +22,7 @@ from controller.webhook import CertificateStore, WebhookServer
 from tests.builders.admission import claim as admission_claim
 from tests.builders.admission import multicard_spec
 from tests.builders.webhook import CA, admission_review, client_context, connect, post
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.builders.admission import claim, review
 from tests.builders.webhook import CA, client_context, connect, post
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'
 HUNDRED = "[" + ", ".join(str(i) for i in range(100)) + "]"

@@ -19,7 +19,7 @@ from controller.metrics import ControllerMetrics
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.builders.webhook import CA, admission_review
-from tests.fakes.watchcluster import FakeCluster, device_class
+from tests.fakes.cluster import FakeCluster, device_class
 
 D = 'device.attributes["gpu.tessera.dev"]'
 

@@ -15,7 +15,7 @@ from controller.prototypes import prototype_index
 from controller.schema import published_schema
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from tests.builders.webhook import CA, admission_review, connect, post
-from tests.fakes.watchcluster import device_class
+from tests.fakes.cluster import device_class
 
 
 @pytest.fixture

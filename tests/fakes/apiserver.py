@@ -1,4 +1,12 @@
-"""An in-memory stand-in for the apiserver's ResourceSlice/ResourceClaim/Node endpoints (unit tests only)."""
+"""One in-memory apiserver for the tests and the benchmarks, and an HTTP front for it.
+
+FakeKubeAPI answers the calls of driver.kubeapi.KubeAPI (Nodes, ResourceClaims, ResourceSlices and a
+slice watch) from dicts, so a prepare or a publish runs with no network, TLS, etcd or admission in
+the way: the benchmarks that isolate tessera's own cost use it for that, the unit tests for its test
+controls (`fail_next`, `on_call`, `calls`, out-of-band edits). Objects are copied in and out, as an
+apiserver decodes and encodes them, so the code under test cannot keep references into the store.
+FakeApiServer serves the same store over HTTP for a real `tessera kubelet-plugin` process.
+"""
 
 from __future__ import annotations
 
@@ -17,30 +25,37 @@ from urllib.parse import parse_qs, urlparse
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
 
-def _matches_fields(obj: Obj, field_selector: str) -> bool:
-    for term in filter(None, field_selector.split(",")):
-        key, _, want = term.partition("=")
-        cur: Any = obj
-        for part in key.split("."):
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        if str(cur) != want:
-            return False
-    return True
+def _field(obj: Obj, path: str) -> str:
+    cur: object = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)  # a missing field compares as empty, as the apiserver's does
+
+
+def _matches(obj: Obj, field_selector: str = "", label_selector: str = "") -> bool:
+    fields = (term.partition("=") for term in filter(None, field_selector.split(",")))
+    labels = (term.partition("=") for term in filter(None, label_selector.split(",")))
+    have = obj.get("metadata", {}).get("labels") or {}
+    return all(_field(obj, key) == want for key, _, want in fields) and all(
+        have.get(key) == want for key, _, want in labels
+    )
 
 
 class FakeKubeAPI:
     """Keeps objects in dicts, assigns resourceVersions and uids, and streams watch events.
 
     `fail_next(n, status)` makes the next n calls fail as an unreachable or erroring apiserver would.
+    `calls` lists every call made, unless `record_calls` is off (a long benchmark need not keep them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, record_calls: bool = True) -> None:
         self._lock = threading.Lock()
         self._rv = 0
         self.nodes: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.slices: dict[str, Obj] = {}
         self.calls: list[str] = []
+        self._record_calls = record_calls
         self._failures: list[ApiError] = []
         self._watchers: list[queue.Queue[WatchEvent | None]] = []
         self.on_call: Callable[[str], None] | None = None
@@ -51,7 +66,7 @@ class FakeKubeAPI:
             self._failures.extend(ApiError(status, reason, "injected") for _ in range(count))
 
     def add_node(self, name: str) -> Obj:
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(uuid.uuid4())}}
+        node: Obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(uuid.uuid4())}}
         self.nodes[name] = node
         return node
 
@@ -70,7 +85,8 @@ class FakeKubeAPI:
 
     # -- internals -----------------------------------------------------------------------
     def _enter(self, call: str) -> None:
-        self.calls.append(call)
+        if self._record_calls:
+            self.calls.append(call)
         if self.on_call:
             self.on_call(call)
         with self._lock:
@@ -83,6 +99,7 @@ class FakeKubeAPI:
         return obj
 
     def _emit(self, type_: str, obj: Obj) -> None:
+        # called with the lock held, so watchers see events in resourceVersion order
         for q in self._watchers:
             q.put(WatchEvent(type_, copy.deepcopy(obj)))
 
@@ -95,14 +112,15 @@ class FakeKubeAPI:
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj:
         self._enter(f"get_claim {namespace}/{name}")
-        if (namespace, name) not in self.claims:
-            raise ApiError(404, "NotFound", f"resourceclaims {name!r} not found")
-        return copy.deepcopy(self.claims[(namespace, name)])
+        with self._lock:
+            if (namespace, name) not in self.claims:
+                raise ApiError(404, "NotFound", f"resourceclaims {name!r} not found")
+            return copy.deepcopy(self.claims[(namespace, name)])
 
     def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj:
         self._enter("list_slices")
         with self._lock:
-            items = [copy.deepcopy(s) for s in self.slices.values() if _matches_fields(s, field_selector)]
+            items = [copy.deepcopy(s) for s in self.slices.values() if _matches(s, field_selector, label_selector)]
             return {"kind": "ResourceSliceList", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def create_resource_slice(self, body: Obj) -> Obj:
@@ -110,8 +128,8 @@ class FakeKubeAPI:
         with self._lock:
             body = copy.deepcopy(body)
             meta = body.setdefault("metadata", {})
-            if "generateName" in meta and "name" not in meta:
-                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            if not meta.get("name"):
+                meta["name"] = meta.get("generateName", "slice-") + uuid.uuid4().hex[:5]
             name = meta["name"]
             if name in self.slices:
                 raise ApiError(409, "AlreadyExists", f"resourceslices {name!r} already exists")
@@ -130,7 +148,7 @@ class FakeKubeAPI:
             if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", "the object has been modified")
             body = copy.deepcopy(body)
-            body["metadata"]["uid"] = cur["metadata"]["uid"]
+            body.setdefault("metadata", {})["uid"] = cur["metadata"]["uid"]
             self.slices[name] = self._bump(body)
             self._emit("MODIFIED", body)
             return copy.deepcopy(body)
@@ -147,11 +165,19 @@ class FakeKubeAPI:
     def watch_resource_slices(
         self, resource_version: str, field_selector: str = "", timeout_seconds: int = 60
     ) -> Iterator[WatchEvent]:
-        self._enter("watch_slices")
+        # Registered at the call, not at the first next(): changes made in between are not lost, as
+        # they are not from a real watch started at a resourceVersion. Injected failures still come at
+        # the first next(), where the real client's generator raises them.
         q: queue.Queue[WatchEvent | None] = queue.Queue()
         with self._lock:
             self._watchers.append(q)
+        return self._stream(q, field_selector, timeout_seconds)
+
+    def _stream(
+        self, q: queue.Queue[WatchEvent | None], field_selector: str, timeout_seconds: int
+    ) -> Iterator[WatchEvent]:
         try:
+            self._enter("watch_slices")
             while True:
                 try:
                     event = q.get(timeout=timeout_seconds)
@@ -159,7 +185,7 @@ class FakeKubeAPI:
                     return
                 if event is None:
                     return
-                if _matches_fields(event.object, field_selector):
+                if _matches(event.object, field_selector):
                     yield event
         finally:
             with self._lock:
@@ -178,6 +204,16 @@ class FakeKubeAPI:
             mutate(obj)
             self._bump(obj)
             self._emit("MODIFIED", obj)
+
+    def wipe_node(self, node_name: str) -> int:
+        """What kubelet does at start: delete every slice of the node, whoever wrote it."""
+        with self._lock:
+            names = [n for n, s in self.slices.items() if s.get("spec", {}).get("nodeName") == node_name]
+            for name in names:
+                obj = self.slices.pop(name)
+                self._rv += 1
+                self._emit("DELETED", obj)
+            return len(names)
 
 
 _SLICES = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/(?P<name>[^/]+))?$")

@@ -1,16 +1,20 @@
-"""The fake apiserver (tests.fakes.apiserver) with what `tessera explain` and `tessera status` read: nodes,
-DeviceClasses, claims and templates, pods; plus helpers that write what the scheduler would (an
-allocation with shares) so tests can set up a busy cluster. Unit tests only."""
+"""The fake apiserver (tests.fakes.apiserver) with the rest of a cluster: DeviceClasses, claims and
+templates, pods, and the class and claim list/watch the controller's informer runs; what `tessera
+explain` and `tessera status` read; plus helpers that write what the scheduler would (an allocation
+with shares) so tests can set up a busy cluster."""
 
 from __future__ import annotations
 
 import copy
+import queue
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
 
 from driver.discovery import load_inventory
+from driver.kubeapi import WatchEvent
 from driver.names import slice_name
 from driver.slices import build_slices
 from tests.fakes.apiserver import FakeKubeAPI
@@ -20,8 +24,16 @@ Obj = dict[str, Any]
 DRIVER = "gpu.tessera.dev"
 
 
+def device_class(name: str, *expressions: str, config: list | None = None) -> Obj:
+    spec: Obj = {"selectors": [{"cel": {"expression": e}} for e in expressions]}
+    if config is not None:
+        spec["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
 class FakeCluster(FakeKubeAPI):
-    """Implements tessera.clusterread.ClusterReader's reads over the fake's objects."""
+    """One cluster for the controller's informer (watches of slices, classes, claims) and for
+    tessera.clusterread.ClusterReader's reads (`reader()`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,6 +42,8 @@ class FakeCluster(FakeKubeAPI):
         self.template_objects: dict[tuple[str, str], Obj] = {}
         self.context_namespace = "default"
         self.nodes_readable = True
+        # watchers of classes and claims (the slice watchers are FakeKubeAPI's), for the controller's informer
+        self._other_watchers: dict[str, list[queue.Queue[WatchEvent | None]]] = {"classes": [], "claims": []}
 
     # -- setup -------------------------------------------------------------------------------------
     def publish(self, node: str, profile: str, mig_strategy: str = "static") -> None:
@@ -47,8 +61,7 @@ class FakeCluster(FakeKubeAPI):
                     self.classes[doc["metadata"]["name"]] = doc
 
     def add_class(self, name: str, *expressions: str) -> None:
-        self.classes[name] = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-                              "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
+        self.classes[name] = device_class(name, *expressions)
 
     def claim(self, name: str, *requests: Obj, namespace: str = "default", constraints: list[Obj] | None = None) -> Obj:
         devices: Obj = {"requests": list(requests)}
@@ -123,6 +136,81 @@ class FakeCluster(FakeKubeAPI):
 
     def reader(self) -> FakeReader:
         return FakeReader(self)
+
+    # -- list/watch of classes and claims, as the controller's informer reads them --------------------
+    def watching(self) -> bool:
+        """Whether a slice, a class and a claim watch are open (the fake does not replay missed events)."""
+        with self._lock:
+            return bool(self._watchers) and all(self._other_watchers.values())
+
+    def close_watches(self) -> None:
+        super().close_watches()
+        with self._lock:
+            for watchers in self._other_watchers.values():
+                for q in watchers:
+                    q.put(None)
+
+    def _emit_to(self, what: str, type_: str, obj: Obj) -> None:
+        for q in self._other_watchers[what]:
+            q.put(WatchEvent(type_, copy.deepcopy(obj)))
+
+    def add_device_class(self, obj: Obj) -> Obj:
+        with self._lock:
+            obj = copy.deepcopy(obj)
+            existed = obj["metadata"]["name"] in self.classes
+            self.classes[obj["metadata"]["name"]] = self._bump(obj)
+            self._emit_to("classes", "MODIFIED" if existed else "ADDED", obj)
+            return obj
+
+    def delete_device_class(self, name: str) -> None:
+        with self._lock:
+            obj = self.classes.pop(name)
+            self._rv += 1
+            self._emit_to("classes", "DELETED", obj)
+
+    def add_claim_watched(self, claim: Obj) -> Obj:
+        with self._lock:
+            claim = copy.deepcopy(claim)
+            claim["metadata"].setdefault("namespace", "default")
+            self.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = self._bump(claim)
+            self._emit_to("claims", "ADDED", claim)
+            return claim
+
+    def list_device_classes(self) -> Obj:
+        self._enter("list_classes")
+        with self._lock:
+            items = [copy.deepcopy(c) for c in self.classes.values()]
+            return {"kind": "DeviceClassList", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def list_resource_claims(self) -> Obj:
+        self._enter("list_claims")
+        with self._lock:
+            items = [copy.deepcopy(c) for c in self.claims.values()]
+            return {"kind": "ResourceClaimList", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _watch(self, what: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        self._enter(f"watch_{what}")
+        q: queue.Queue[WatchEvent | None] = queue.Queue()
+        with self._lock:
+            self._other_watchers[what].append(q)
+        try:
+            while True:
+                try:
+                    event = q.get(timeout=timeout_seconds)
+                except queue.Empty:
+                    return
+                if event is None:
+                    return
+                yield event
+        finally:
+            with self._lock:
+                self._other_watchers[what].remove(q)
+
+    def watch_device_classes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
+        return self._watch("classes", timeout_seconds)
+
+    def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
+        return self._watch("claims", timeout_seconds)
 
 
 class FakeReader:

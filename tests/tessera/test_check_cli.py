@@ -207,7 +207,7 @@ def test_console_script_exit_status(tmp_path, slices_file):
 
 
 def test_kubeconfig_reads_slices_and_classes_from_the_cluster(tmp_path, monkeypatch):
-    from tests.fakes.watchcluster import FakeCluster
+    from tests.fakes.cluster import FakeCluster
 
     cluster = FakeCluster()
     for i, s in enumerate(build_slices(load_inventory("node-k", simulate="t4-4"), mig_strategy="none")):
