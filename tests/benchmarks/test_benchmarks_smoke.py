@@ -98,6 +98,7 @@ def test_a_failed_prepare_stops_the_benchmark_with_the_plugins_error() -> None:
         plugin.close()
 
 
+@pytest.mark.slow
 def test_publish_benchmark_sees_every_slice_come_back() -> None:
     results = publish_bench.run(publish_bench.memory_backend(), wipes=1)
     assert [r.case for r in results] == [c[0] for c in publish_bench.CASES]
@@ -114,6 +115,7 @@ def test_admission_benchmark_builds_a_fleet_with_distinct_nodes() -> None:
     assert "p99 / 20 ms target" in admission_bench.render([result])
 
 
+@pytest.mark.slow
 def test_cel_comparison_runs_both_python_engines_on_the_same_cases() -> None:
     results = cel_compare.run(None, 0.01, 2, include_heavy=False)
     assert [r.cases > 0 for r in results] == [True, True]
@@ -146,6 +148,7 @@ def test_footprint_reads_rss_and_cpu_from_proc() -> None:
     assert footprint.cpu_seconds(os.getpid()) >= before
 
 
+@pytest.mark.slow
 def test_quick_run_without_a_cluster_writes_every_section(tmp_path: Path) -> None:
     tiny = bench_run.Params(
         floor_iterations=2, claims=1, burst=1, concurrency=(1, 2), wipes=1, admission_sizes=(10,), admission_repeat=1,
@@ -181,6 +184,7 @@ def test_pod_startup_report_gives_each_kind_against_the_no_claim_reference() -> 
     assert "| 10 pods, a 1Gi share each | 3000 " in text and "1.50x" in text
 
 
+@pytest.mark.slow
 def test_webhook_load_bench_measures_benign_reviews_with_and_without_hostile_ones() -> None:
     result = webhook_load_bench.run(hostile_clients=2, samples=3, nodes=2)
     assert [name for name, _ in result.rows] == [

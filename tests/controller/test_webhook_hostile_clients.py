@@ -182,6 +182,7 @@ def test_a_tls_handshake_that_never_finishes_is_abandoned(tls_server, monkeypatc
     assert time.monotonic() - started < 3
 
 
+@pytest.mark.slow
 def test_thousands_of_idle_connections_hold_a_bounded_number_of_threads(tmp_path, ca, monkeypatch):
     monkeypatch.setattr(webhook, "MAX_CONNECTIONS", 8)
     monkeypatch.setattr(webhook, "MAX_PENDING", 4)

@@ -102,6 +102,7 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
+@pytest.mark.slow
 def test_controller_serves_reviews_with_the_live_inventory_and_exports_metrics(tmp_path):
     cluster = FakeCluster()
     for i, s in enumerate(node_slices()):

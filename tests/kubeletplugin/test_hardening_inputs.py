@@ -104,6 +104,7 @@ def test_semver_refuses_a_trailing_newline() -> None:
 # -- the per-claim lock table -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unprepares_of_unknown_uids_leave_no_lock_behind(tmp_path: Path) -> None:
     state = make_state(tmp_path)
     for n in range(50_000):

@@ -112,6 +112,7 @@ def pool_devices(fake: FakeKubeAPI) -> list[str]:
                   for d in s["spec"].get("devices", []))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_outage_of_30s_while_publishing_and_preparing_then_convergence(down: OutageApiServer) -> None:
     with short_tmpdir() as root:
         outage(down, root)

@@ -261,6 +261,7 @@ def crash_scenario(root: Path, seed: int, target_step: str, tally: Tally) -> Non
     assert_consistent(final, prepared)
 
 
+@pytest.mark.slow
 def test_random_kill_points_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A killed process loses nothing the kernel already holds; fsync only matters for power loss,
     # which this test does not model, and thousands of them would dominate its run time.
@@ -325,6 +326,7 @@ class Kubelet:
             conn.close()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_steps_then_restart_replays_kubelet(apiserver: FakeApiServer) -> None:
     with short_tmpdir() as root:
         sigkill_rounds(apiserver, root)

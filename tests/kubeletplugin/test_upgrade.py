@@ -237,6 +237,7 @@ def test_record_files_written_by_both_instances_lose_no_update(tmp_path: Path) -
 # -- one publisher at a time; cleanup only by the last instance ----------------------------------
 
 
+@pytest.mark.slow
 def test_one_instance_publishes_the_other_stands_by_and_takes_over(root: Path, fake: FakeKubeAPI) -> None:
     old = make_plugin(root, fake, UID_A, cleanup_on_exit=True)
     new = make_plugin(root, fake, UID_B, cleanup_on_exit=True)

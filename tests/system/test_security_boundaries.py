@@ -248,6 +248,7 @@ def test_hostile_selectors_are_refused_in_bounded_time(webhook: Any, name: str) 
     assert "exceed" in response["status"]["message"] or "too" in response["status"]["message"], response
 
 
+@pytest.mark.slow
 def test_a_review_packed_with_selectors_up_to_the_body_limit_is_answered(webhook: Any) -> None:
     server, ca = webhook
     selector = f'{D}.productName.startsWith("NVIDIA") && ' + " && ".join(
