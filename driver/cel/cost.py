@@ -2,7 +2,7 @@
 
 Kubernetes rejects a DRA selector whose estimated cost exceeds 1,000,000. The estimate is cel-go's
 checker.Cost with Kubernetes' library estimator and the DRA size estimator on top; this module
-follows the same rules over tessera's syntax tree, with the static types from driver.cel.analysis:
+follows the same rules over tessera's syntax tree, with the static types from driver.cel.typecheck:
 
 - sizes are (min, max) ranges: literals are exact, the `device` fields have the maximum sizes the
   DRA environment declares (driver 63, attribute values 64, 32 entries per map), anything else
@@ -25,6 +25,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from driver.cel.limits import (
+    MAX_DOMAIN_SIZE,
+    MAX_DRIVER_SIZE,
+    MAX_ID_SIZE,
+    MAX_LIST_ATTRIBUTE_VALUES,
+    MAX_MAP_ENTRIES,
+    MAX_STRING_SIZE,
+)
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit
 
 U64 = (1 << 64) - 1
@@ -35,7 +43,6 @@ REGEX_FACTOR = 0.25
 LIST_CREATE = 10
 MAP_CREATE = 30
 STRUCT_CREATE = 40
-MAX_ATTRIBUTE_VALUES = 48  # ResourceSliceMaxAttributeValuesPerDevice (includes())
 
 
 def add(a: int, b: int) -> int:
@@ -91,13 +98,13 @@ class _Decl:
     fields: dict[str, _Decl] = field(default_factory=dict)
 
 
-_ID = _Decl(32)
-_DOMAIN = _Decl(63)
-_ATTRIBUTE = _Decl(64)
+_ID = _Decl(MAX_ID_SIZE)
+_DOMAIN = _Decl(MAX_DOMAIN_SIZE)
+_ATTRIBUTE = _Decl(MAX_STRING_SIZE)
 _QUANTITY = _Decl(0)
-_ATTRIBUTES = _Decl(32, _DOMAIN, _Decl(32, _ID, _ATTRIBUTE))
-_CAPACITY = _Decl(32, _DOMAIN, _Decl(32, _ID, _QUANTITY))
-_DEVICE = _Decl(0, fields={"driver": _Decl(63), "attributes": _ATTRIBUTES, "capacity": _CAPACITY,
+_ATTRIBUTES = _Decl(MAX_MAP_ENTRIES, _DOMAIN, _Decl(MAX_MAP_ENTRIES, _ID, _ATTRIBUTE))
+_CAPACITY = _Decl(MAX_MAP_ENTRIES, _DOMAIN, _Decl(MAX_MAP_ENTRIES, _ID, _QUANTITY))
+_DEVICE = _Decl(0, fields={"driver": _Decl(MAX_DRIVER_SIZE), "attributes": _ATTRIBUTES, "capacity": _CAPACITY,
                            "allowMultipleAllocations": _Decl(1)})
 
 
@@ -477,7 +484,7 @@ class Coster:
                   "add", "sub", "major", "minor", "patch"):
             return 1
         if fn == "includes":
-            return MAX_ATTRIBUTE_VALUES
+            return MAX_LIST_ATTRIBUTE_VALUES  # ResourceSliceMaxAttributeValuesPerDevice
         if fn == "contains" and len(args) == 1:
             return mul(factor(tsize[1], STRING_FACTOR), factor(sz(args[0])[1], STRING_FACTOR))
         if fn in ("startsWith", "endsWith") and len(args) == 1:
