@@ -403,37 +403,11 @@ class TypeChecker:
     def resolve_operator(self, n: Call, arg_types: list[T]) -> T:
         fn = n.function
         shapes = [cel_type_name(t) for t in arg_types]
-        known = [s for s in shapes if s != "dyn"]
-        bad = False
         if fn in ("_==_", "_!=_"):
-            bad = len(known) == 2 and known[0] != known[1] and "null" not in known
-            # a Quantity on the left is compared by Go's Quantity.Equal, which rejects an add()/sub() result
-            if shapes[0] == "quantity" or (shapes[0] == "semver" and shapes[1] == "dyn"):
-                self.message_equality_calls.add(n.offset)
-            elif shapes[0] == "dyn" and shapes[1] != "null":
-                self.dynamic_equality_calls.add(n.offset)
-        elif fn in ("_<_", "_<=_", "_>_", "_>=_"):
-            bad = any(s not in COMPARABLE for s in known) or (
-                len(known) == 2 and known[0] != known[1] and not (known[0] in NUMERIC and known[1] in NUMERIC))
-        elif fn in ("_+_",):
-            bad = any(s not in (*NUMERIC, "string", "bytes", "list", "timestamp", "duration") for s in known) or (
-                len(known) == 2 and known[0] != known[1] and {known[0], known[1]} != {"timestamp", "duration"})
-        elif fn in ("_-_", "_*_", "_/_", "_%_"):
-            allowed = NUMERIC if fn != "_-_" else (*NUMERIC, "timestamp", "duration")
-            bad = any(s not in allowed for s in known) or (
-                len(known) == 2 and known[0] != known[1] and fn != "_-_")
-        elif fn == "!_":
-            bad = bool(known) and known[0] != "bool"
-        elif fn == "-_":
-            bad = bool(known) and known[0] not in ("int", "double", "duration")
-        elif fn == "@in":
-            bad = len(shapes) == 2 and shapes[1] not in ("list", "map", "dyn")
-            element = arg_types[1].elem if shapes[1] == "list" else "dyn"
-            left = literal_element_type(arg_types[0])
-            if not bad and element not in ("dyn", left) and left not in ("dyn", "any"):
-                # `in` has no cross-type overloads: 0 in ["a"] does not compile
-                self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
-                return DYN
+            self.note_equality(n.offset, shapes)
+        bad = _operator_rejects(fn, shapes)
+        if fn == "@in" and not bad and self.rejects_mixed_membership(n, arg_types):
+            return DYN
         if bad:
             self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({', '.join(shapes)})'")
             return DYN
@@ -444,6 +418,47 @@ class TypeChecker:
                 return T(first.name, sum(min(t.size, UNBOUNDED) for t in arg_types), elem=first.elem)
             return T(cel_type_name(first))
         return T(result, 1)
+
+    def note_equality(self, offset: int, shapes: list[str]) -> None:
+        """Records the ==/!= calls the engines must evaluate the way Go does (see engine_celexpr)."""
+        # a Quantity on the left is compared by Go's Quantity.Equal, which rejects an add()/sub() result
+        if shapes[0] == "quantity" or (shapes[0] == "semver" and shapes[1] == "dyn"):
+            self.message_equality_calls.add(offset)
+        elif shapes[0] == "dyn" and shapes[1] != "null":
+            self.dynamic_equality_calls.add(offset)
+
+    def rejects_mixed_membership(self, n: Call, arg_types: list[T]) -> bool:
+        """`in` has no cross-type overloads: 0 in ["a"] does not compile."""
+        element = arg_types[1].elem if cel_type_name(arg_types[1]) == "list" else "dyn"
+        left = literal_element_type(arg_types[0])
+        if element not in ("dyn", left) and left not in ("dyn", "any"):
+            self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
+            return True
+        return False
+
+
+def _operator_rejects(fn: str, shapes: list[str]) -> bool:
+    """Whether no overload of operator fn accepts operands of these types (dyn accepts anything)."""
+    known = [s for s in shapes if s != "dyn"]
+    mixed = len(known) == 2 and known[0] != known[1]
+    if fn in ("_==_", "_!=_"):
+        return mixed and "null" not in known
+    if fn in ("_<_", "_<=_", "_>_", "_>=_"):
+        return any(s not in COMPARABLE for s in known) or (
+            mixed and not (known[0] in NUMERIC and known[1] in NUMERIC))
+    if fn == "_+_":
+        return any(s not in (*NUMERIC, "string", "bytes", "list", "timestamp", "duration") for s in known) or (
+            mixed and {known[0], known[1]} != {"timestamp", "duration"})
+    if fn in ("_-_", "_*_", "_/_", "_%_"):
+        allowed = NUMERIC if fn != "_-_" else (*NUMERIC, "timestamp", "duration")
+        return any(s not in allowed for s in known) or (mixed and fn != "_-_")
+    if fn == "!_":
+        return bool(known) and known[0] != "bool"
+    if fn == "-_":
+        return bool(known) and known[0] not in ("int", "double", "duration")
+    if fn == "@in":
+        return len(shapes) == 2 and shapes[1] not in ("list", "map", "dyn")
+    return False
 
 
 def _qualified_name(n: Call) -> str | None:
