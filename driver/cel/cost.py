@@ -497,7 +497,7 @@ class Coster:
 
 
 def _constant(cost: int) -> Callable[[Coster, Call, str, Node, list[Node]], int | None]:
-    return lambda coster, n, fn, target, args: cost
+    return lambda *_: cost
 
 
 _MEMBER_COSTS: dict[str, Callable[[Coster, Call, str, Node, list[Node]], int | None]] = {

@@ -42,9 +42,6 @@ class Analysis:
     result_type: str  # a CEL type name, "dyn" when unknown
     estimated_cost: int
     issues: tuple[Issue, ...]
-    uses_optional_syntax: bool
-    uses_bind: bool
-    literal_domains: frozenset[tuple[ReadKind, str]]
     # offsets of indexOf()/lastIndexOf() calls whose receiver is statically a list (not a string)
     list_index_calls: frozenset[int] = frozenset()
     # offsets of ==/!= whose left operand's type is only known at run time, and of those whose left

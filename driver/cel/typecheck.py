@@ -46,9 +46,6 @@ class TypeChecker:
         self.src = src
         self.reads: list[AttributeRead] = []
         self.issues: list[Issue] = []
-        self.optional_syntax = False
-        self.uses_bind = False
-        self.literal_domains: set[tuple[ReadKind, str]] = set()
         self.list_index_calls: set[int] = set()
         self.dynamic_equality_calls: set[int] = set()
         self.message_equality_calls: set[int] = set()
@@ -137,8 +134,6 @@ class TypeChecker:
         return None
 
     def visit_select(self, n: Select, scope: Scope, facts: frozenset[Fact]) -> T:
-        if n.optional:
-            self.optional_syntax = True
         base = self.visit(n.operand, scope, facts)
         result = self.member_of(base, n.field, n, literal=True, facts=facts, guarded=n.test_only or n.optional)
         if n.test_only:
@@ -148,8 +143,6 @@ class TypeChecker:
         return result
 
     def visit_index(self, n: Index, scope: Scope, facts: frozenset[Fact]) -> T:
-        if n.optional:
-            self.optional_syntax = True
         base = self.visit(n.operand, scope, facts)
         key_t = self.visit(n.index, scope, facts)
         if base.name in ("device", "attrs", "attrmap", "caps", "capmap") and key_t.name not in ("string", "dyn"):
@@ -180,12 +173,9 @@ class TypeChecker:
             return {"driver": T("string", MAX_DRIVER_SIZE), "attributes": T("attrs", MAX_MAP_ENTRIES),
                     "capacity": T("caps", MAX_MAP_ENTRIES), "allowMultipleAllocations": BOOL}[name]
         if base.name in ("attrs", "caps"):
-            if literal:
-                kind: ReadKind = "attribute" if base.name == "attrs" else "capacity"
-                self.literal_domains.add((kind, name))
             return T("attrmap" if base.name == "attrs" else "capmap", MAX_MAP_ENTRIES, domain=name)
         if base.name in ("attrmap", "capmap"):
-            kind = "attribute" if base.name == "attrmap" else "capacity"
+            kind: ReadKind = "attribute" if base.name == "attrmap" else "capacity"
             self.record(kind, base.domain or "*", name, offset=offset, guarded=guarded, facts=facts, node=node)
             return QUANTITY if kind == "capacity" else ATTRIBUTE_VALUE
         if base.name in ("map", "dyn"):
@@ -201,8 +191,6 @@ class TypeChecker:
     def visit_list(self, n: ListLit, scope: Scope, facts: frozenset[Fact]) -> T:
         elem_types: set[str] = set()
         for i, e in enumerate(n.elements):
-            if n.optional and n.optional[i]:
-                self.optional_syntax = True
             t = self.visit(e, scope, facts)
             elem_types.add("optional-elem" if (n.optional and n.optional[i]) else literal_element_type(t))
         concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
@@ -217,8 +205,6 @@ class TypeChecker:
         key_types: set[str] = set()
         value_types: set[str] = set()
         for e in n.entries:
-            if e.optional:
-                self.optional_syntax = True
             kt = self.visit(e.key, scope, facts)
             vt = self.visit(e.value, scope, facts)
             key_types.add(literal_element_type(kt))
@@ -295,7 +281,6 @@ class TypeChecker:
         return BOOL
 
     def visit_bind(self, n: Call, scope: Scope, facts: frozenset[Fact]) -> T:
-        self.uses_bind = True
         if len(n.args) != 3 or not isinstance(n.args[0], Ident):
             self.issue(n.offset, "cel.bind() takes an identifier, an initializer and an expression")
             return DYN

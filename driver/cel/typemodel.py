@@ -25,9 +25,7 @@ class T:
 
 
 DYN = T("dyn", MAX_STRING_SIZE)
-BOOL, INT, UINT, DOUBLE = T("bool", 1), T("int", 1), T("uint", 1), T("double", 1)
-STRING, BYTES, NULL = T("string"), T("bytes"), T("null", 1)
-QUANTITY, SEMVER = T("quantity", 1), T("semver", 1)
+BOOL, INT, QUANTITY = T("bool", 1), T("int", 1), T("quantity", 1)
 # An attribute value: statically `any` in the scheduler's environment (list-type attributes off).
 ATTRIBUTE_VALUE = T("dyn", MAX_STRING_SIZE, domain="attribute-value")
 
