@@ -1,7 +1,7 @@
 """`capacity.requests` of a request: the key spelled exactly as published, an amount tessera can
 enforce, and an amount some GPU in the cluster can hold.
 
-The scheduler compares capacity keys literally (dra-api.md §9 item 1): `gpu.tessera.dev/memory` never
+The scheduler compares capacity keys literally (KEP-5075, consumable_capacity.go): `gpu.tessera.dev/memory` never
 equals the published `memory`, so such a request would match no device and the pod would sit Pending
 with no hint why. The MPS memory limit is set in whole MiB, so other amounts are refused rather than
 rounded behind the user's back.

@@ -1,7 +1,7 @@
 """Whether a request's `capacity.requests` fit on a device, by the scheduler's rules.
 
 This follows the 1.36 allocator's CmpRequestOverCapacity (k8s.io/dynamic-resource-allocation,
-structured/internal/incubating/consumable_capacity.go; dra-api.md §4.1):
+structured/internal/incubating/consumable_capacity.go; KEP-5075):
 
 - every requested key must be a capacity of the device, spelled exactly as published;
 - every capacity of the device is consumed: a requested amount is rounded up to the request policy

@@ -1,6 +1,7 @@
 """The cluster's tessera devices as the checks see them: a snapshot built from ResourceSlices.
 
-Pools follow the scheduler's rule (dra-api.md §2.5): within a pool only the slices of the highest
+Pools follow the scheduler's rule (GatherPools in k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/pools_incubating.go): within a pool only the slices of the highest
 `pool.generation` count, so devices of a pool that is being republished are not seen twice. A pool
 whose slice count does not match `resourceSliceCount` yet is still used (and listed in
 `incomplete_pools`): a warning "matches no device" during a republish would be noise.

@@ -1,5 +1,6 @@
 """Which devices a class or request matches, evaluated once per distinct device shape
-(controller.shapes), the way the scheduler filters (dra-api.md §6.2): class selectors, then request
+(controller.shapes), the way the scheduler filters (k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/allocator_incubating.go): class selectors, then request
 selectors, stopping at the first one that is false or fails, then the capacity request. When nothing
 matches, the nearest miss is the device failing the fewest top-level `&&` parts.
 """

@@ -1,7 +1,8 @@
 """Checks on CEL device selectors that do not depend on which object holds them: they compile, they
 name only attributes tessera publishes, and they never read a type-specific attribute unguarded.
 
-Why the guard rule matters (dra-api.md §5.4): a missing key is a runtime error, not `false`, and one
+Why the guard rule matters (KEP-4381; the DynamicResources Filter in kubernetes
+pkg/scheduler/framework/plugins/dynamicresources): a missing key is a runtime error, not `false`, and one
 runtime error in a selector makes the scheduler abort the whole pod, on every node, for every pod that
 uses the class. A read the static analysis flags as unguarded is only reported when it really fails
 on a device of a type that lacks the attribute (live devices first, then tessera's sample devices),
