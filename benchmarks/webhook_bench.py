@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 

@@ -36,9 +36,9 @@ import structlog
 from benchmarks.stats import SUMMARY_HEADERS, Summary, machine, summarize, table
 from benchmarks.webhook_bench import GPU_CLASS, inventory
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 
 A = 'device.attributes["gpu.tessera.dev"]'

@@ -25,12 +25,12 @@ from typing import Any, Literal
 
 import structlog
 
-from controller.claimchecks import check_claim_spec, targets_tessera
-from controller.classchecks import check_device_class
-from controller.context import CheckContext
-from controller.findings import Finding
-from controller.matching import ReviewDeadlineExceeded
-from controller.multicard import ANNOTATION, rewrite_claim_spec
+from controller.checks.claims import check_claim_spec, targets_tessera
+from controller.checks.classes import check_device_class
+from controller.checks.findings import Finding
+from controller.checks.inputs import CheckContext
+from controller.checks.multicard import ANNOTATION, rewrite_claim_spec
+from controller.cluster.matching import ReviewDeadlineExceeded
 
 log = structlog.get_logger(__name__)
 

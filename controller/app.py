@@ -7,11 +7,11 @@ from typing import Any
 import structlog
 
 from controller.admission import AdmissionHandler, OnDeadline
-from controller.context import CheckContext
-from controller.informer import ClusterCache, ClusterReader
+from controller.checks.inputs import CheckContext
+from controller.cluster.informer import ClusterCache, ClusterReader
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from controller.metrics import ControllerMetrics
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
 from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, CertificateStore, WebhookServer
 
 log = structlog.get_logger(__name__)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.claimchecks import check_claim_spec
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.claims import check_claim_spec
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.test_webhook_fakecluster import device_class

@@ -15,9 +15,9 @@ import pytest
 
 from controller import webhook
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 from tests.test_webhook_admission import claim as admission_claim
 from tests.test_webhook_admission import multicard_spec

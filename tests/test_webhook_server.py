@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from tests.test_webhook_fakecluster import device_class
 

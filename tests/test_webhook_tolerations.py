@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
-from controller.tolerationchecks import tolerates
+from controller.checks.inputs import CheckContext
+from controller.checks.tolerations import tolerates
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import prototype_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.test_webhook_admission import GPU_CLASS, claim, review

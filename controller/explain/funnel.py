@@ -4,7 +4,7 @@ The per-device checks are the scheduler's (allocator_incubating.go: isSelectable
 allocateDevice), in the order a person reads them:
 
   driver      tessera's devices on the nodes the pod may use (pools being republished are skipped)
-  class       the DeviceClass's selectors        } controller.matching.first_failure, the webhook's
+  class       the DeviceClass's selectors        } controller.cluster.matching.first_failure, the webhook's
   selectors   the request's own selectors         } selector walk and Evaluator
   capacity    the request's capacity fits the device, with what other claims' shares leave free
   allocation  not held by another claim (a whole device, or a card that has nothing left)
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.checks.findings import DRIVER
+from controller.cluster.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.cluster.inventory import DeviceIndex, InventoryDevice
+from controller.cluster.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
 from controller.explain.requests import RequestSpec
 from controller.explain.state import AllocatedState, CounterShort, Holder
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex, InventoryDevice
-from controller.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
 
 STEPS = ("driver", "class", "selectors", "capacity", "allocation", "taints", "counters")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.context import CheckContext
-from controller.findings import DRIVER, Finding, error
-from controller.matching import CapacityNeed
-from controller.multicard import fmt_bytes
-from controller.schema import REQUESTABLE_CAPACITIES, split_qualified
+from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.inputs import CheckContext
+from controller.checks.multicard import fmt_bytes
+from controller.cluster.matching import CapacityNeed
+from controller.cluster.schema import REQUESTABLE_CAPACITIES, split_qualified
 
 MiB = 1 << 20
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex, memory_bytes
+from controller.checks.findings import DRIVER
+from controller.cluster.inventory import DeviceIndex, memory_bytes
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.configchecks import DecodedConfig, decode_configs
-from controller.findings import DRIVER, Finding, error
+from controller.checks.configs import DecodedConfig, decode_configs
+from controller.checks.findings import DRIVER, Finding, error
 
 GiB = 1 << 30
 ANNOTATION = f"{DRIVER}/multi-card"

@@ -23,8 +23,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from controller.inventory import InventoryDevice
-    from controller.matching import CapacityNeed
+    from controller.cluster.inventory import InventoryDevice
+    from controller.cluster.matching import CapacityNeed
 
 MissKind = Literal["missing", "policy", "size", "in-use"]
 GiB = 1 << 30

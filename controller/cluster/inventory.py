@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from controller.findings import DRIVER
-from controller.schema import split_qualified
+from controller.checks.findings import DRIVER
+from controller.cluster.schema import split_qualified
 
 if TYPE_CHECKING:
     from driver.cel import DeviceView
@@ -142,7 +142,7 @@ class DeviceIndex:
     devices: tuple[InventoryDevice, ...] = ()
     incomplete_pools: tuple[str, ...] = ()
     version: int = 0  # bumped by the cache on every change; lets callers memoise per snapshot
-    # groupings of `devices` by what a set of selectors can see (controller.shapes); lives and dies
+    # groupings of `devices` by what a set of selectors can see (controller.cluster.devicegroups); lives and dies
     # with this snapshot
     shape_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex
-from controller.schema import AttributeSchema, published_schema
+from controller.checks.findings import DRIVER
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.schema import AttributeSchema, published_schema
 
 _ZERO: dict[str, Any] = {"int": 0, "bool": False, "string": "", "version": "0.0.0"}
 

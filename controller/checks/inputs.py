@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex
-from controller.matching import Evaluator
-from controller.schema import AttributeSchema
+from controller.checks.findings import DRIVER
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.matching import Evaluator
+from controller.cluster.schema import AttributeSchema
 
 Obj = dict[str, Any]
 

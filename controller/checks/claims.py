@@ -11,14 +11,13 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from controller.capacitychecks import capacity_findings
-from controller.classchecks import class_conditions
-from controller.configchecks import decode_configs
-from controller.context import CheckContext, class_targets_tessera, is_our_class_name
-from controller.findings import Finding, error, warning
-from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
-from controller.multicard import pending_findings
-from controller.selectors import (
+from controller.checks.capacity import capacity_findings
+from controller.checks.classes import class_conditions
+from controller.checks.configs import decode_configs
+from controller.checks.findings import Finding, error, warning
+from controller.checks.inputs import CheckContext, class_targets_tessera, is_our_class_name
+from controller.checks.multicard import pending_findings
+from controller.checks.selectors import (
     compile_selectors,
     guard_findings,
     no_match_finding,
@@ -26,7 +25,8 @@ from controller.selectors import (
     schema_findings,
     skipped_finding,
 )
-from controller.tolerationchecks import toleration_findings
+from controller.checks.tolerations import toleration_findings
+from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 
 Obj = dict[str, Any]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller.context import CheckContext
-from controller.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
-from controller.inventory import InventoryDevice
-from controller.matching import Condition, EvaluationSkipped, MatchResult
-from controller.shapes import shapes
+from controller.checks.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
+from controller.checks.inputs import CheckContext
+from controller.cluster.devicegroups import shapes
+from controller.cluster.inventory import InventoryDevice
+from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
