@@ -11,7 +11,7 @@ import pytest
 from controller.admission import AdmissionHandler, ReviewError
 from controller.checks.inputs import CheckContext
 from controller.cluster.inventory import DeviceIndex
-from controller.cluster.sampledevices import prototype_index
+from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
@@ -27,7 +27,7 @@ def handler() -> AdmissionHandler:
     index = DeviceIndex.from_slices(slices)
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True)
 
     return AdmissionHandler(context)
@@ -274,7 +274,7 @@ def test_class_sharing_an_extended_resource_name_is_admitted_with_a_warning():
     existing["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=None,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=None,
                             classes={"gpu.tessera.dev": existing}, classes_complete=True)
 
     response = AdmissionHandler(context).review("/validate-deviceclass", review(taken))[0]["response"]
