@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import structlog
 
-from controller.checks.claims import check_claim_spec, targets_tessera
+from controller.checks.claims import check_claim_spec
 from controller.checks.classes import check_device_class
 from controller.checks.findings import Finding
 from controller.checks.inputs import CheckContext
@@ -164,7 +164,7 @@ class AdmissionHandler:
 
 
 def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:
-    result = rewrite_claim_spec(spec, path, lambda name: targets_tessera(ctx, name))
+    result = rewrite_claim_spec(spec, path, ctx.targets_tessera)
     if result.findings:
         return _judged(result.findings, kind, _name(obj))
     if not result.changed:

@@ -59,13 +59,13 @@ def run(args: argparse.Namespace) -> int:
 def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
     from controller.checks.inputs import CheckContext
     from controller.cluster.inventory import DeviceIndex
-    from controller.cluster.sampledevices import prototype_index
+    from controller.cluster.sampledevices import sample_index
     from controller.cluster.schema import published_schema
     from controller.offline import check_objects, flatten
 
     try:
         objects = flatten(doc for f in files for doc in load_documents(f))
-        ctx = CheckContext(schema=published_schema(), prototypes=prototype_index())
+        ctx = CheckContext(schema=published_schema(), samples=sample_index())
         if slices:
             items = [o.obj for o in flatten(load_documents(slices)) if o.obj.get("kind") in ("ResourceSlice", None)]
             ctx.inventory = DeviceIndex.from_slices(items)

@@ -326,7 +326,7 @@ def test_a_taken_static_mig_instance_is_held_by_its_claim() -> None:
     ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, False),
 ])
 def test_tolerations_follow_the_scheduler(toleration: dict[str, str], tolerated: bool) -> None:
-    from controller.explain.funnel import tolerates
+    from controller.cluster.taints import tolerates
 
     assert tolerates(toleration, {"key": "k", "value": "v", "effect": "NoSchedule"}) is tolerated
 

@@ -35,7 +35,7 @@ from controller import webhook
 from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
 from controller.cluster.inventory import DeviceIndex
-from controller.cluster.sampledevices import prototype_index
+from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 from driver.discovery import load_inventory
@@ -209,7 +209,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebhookSe
     classes = {"gpu.tessera.dev": DEVICE_CLASS | {"metadata": {"name": "gpu.tessera.dev"}}}
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes=classes, classes_complete=True)
 
     srv = WebhookServer(AdmissionHandler(context), CertificateStore(str(cert), str(key)), "127.0.0.1", 0)

@@ -18,7 +18,7 @@ from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.matching import Evaluator
-from controller.cluster.sampledevices import prototype_index
+from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, ReviewSlots, WebhookServer
 from driver.cel import CelBudgetExceeded, compile_selector, device_view
@@ -78,7 +78,7 @@ def test_celpy_still_evaluates_when_chosen_by_name() -> None:
 
 
 def context(**overrides: Any) -> CheckContext:
-    fields: dict[str, Any] = {"schema": published_schema(), "prototypes": prototype_index(), "inventory": INDEX,
+    fields: dict[str, Any] = {"schema": published_schema(), "samples": sample_index(), "inventory": INDEX,
                               "classes": {}, "classes_complete": True}
     return CheckContext(**{**fields, **overrides})
 

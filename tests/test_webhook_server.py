@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 
 from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
-from controller.cluster.sampledevices import prototype_index
+from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from tests.test_webhook_fakecluster import device_class
@@ -89,7 +89,7 @@ def server(tls_files, observed):
     ready = {"value": True}
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index())
+        return CheckContext(schema=published_schema(), samples=sample_index())
 
     srv = WebhookServer(
         AdmissionHandler(context),

@@ -8,10 +8,10 @@ import pytest
 
 from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
-from controller.checks.tolerations import tolerates
 from controller.cluster.inventory import DeviceIndex
-from controller.cluster.sampledevices import prototype_index
+from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
+from controller.cluster.taints import tolerates
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.test_webhook_admission import GPU_CLASS, claim, review
@@ -27,7 +27,7 @@ def handler() -> AdmissionHandler:
     index = DeviceIndex.from_slices(slices)
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True)
 
     return AdmissionHandler(context)

@@ -22,8 +22,6 @@ MiB = 1 << 20
 
 def capacity_findings(capacity: Any, path: str, ctx: CheckContext) -> tuple[list[Finding], list[CapacityNeed]]:
     """Check `capacity` (the request's `capacity` field at `path`); returns findings and the valid needs."""
-    from driver.cel.quantity import Quantity
-
     findings: list[Finding] = []
     needs: list[CapacityNeed] = []
     if capacity is None:
@@ -31,66 +29,61 @@ def capacity_findings(capacity: Any, path: str, ctx: CheckContext) -> tuple[list
     requests = capacity.get("requests") if isinstance(capacity, dict) else None
     if not isinstance(requests, dict):
         return [error(f"{path}.capacity", "must be {requests: {memory: <quantity>}}")], needs
-    published = ctx.schema.capacities
     for key, amount in requests.items():
         here = f"{path}.capacity.requests[{key}]"
-        domain, name = split_qualified(str(key))
-        if "/" in str(key):
-            if domain == DRIVER and name in published:
-                findings.append(
-                    error(
-                        here,
-                        f'"{key}" never matches: tessera publishes this capacity under the bare key "{name}" and '
-                        "the scheduler compares capacity keys literally, so every device would be skipped and the "
-                        f"pod would stay Pending; write `{name}: {amount}`",
-                    )
-                )
-            else:
-                findings.append(
-                    error(here, f'tessera publishes no capacity "{key}"; the requestable key is "memory"')
-                )
-            continue
-        if key not in REQUESTABLE_CAPACITIES:
-            if key in published:
-                message = (
-                    f'"{key}" cannot be requested: tessera enforces only memory shares (through the MPS memory '
-                    "limit); ask for a compute share with sharing.mps.activeThreadPercentage in the claim's "
-                    "GpuConfig instead"
-                )
-            else:
-                hint = ctx.schema.suggest_capacity(str(key))
-                suggestion = f'did you mean "{hint}"? ' if hint else ""
-                message = f'tessera publishes no capacity "{key}"; {suggestion}the requestable key is "memory"'
-            findings.append(error(here, message))
-            continue
-        try:
-            quantity = Quantity.parse(str(amount))
-        except ValueError as exc:
-            findings.append(error(here, f"{amount!r} is not a Kubernetes quantity ({exc}); write it like 4Gi"))
-            continue
-        value = quantity.value()
-        if quantity.milli_value() <= 0:
-            findings.append(error(here, f"must be larger than zero, got {amount}"))
-            continue
-        if value * 1000 != quantity.milli_value() or value % MiB:
-            low, high = (value // MiB) * MiB, (value // MiB + 1) * MiB
-            options = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else fmt_bytes(high)
-            findings.append(
-                error(
-                    here,
-                    f"{amount} is not a whole number of MiB; tessera sets the GPU memory limit in MiB, use {options}",
-                )
-            )
-            continue
-        largest = ctx.inventory.largest_memory() if ctx.inventory is not None else None
-        if largest is not None and value > largest[0]:
-            findings.append(
-                error(
-                    here,
-                    f"{amount} is more than the largest GPU in the cluster has ({fmt_bytes(largest[0])} on "
-                    f"{largest[1].describe()}), so no device can ever satisfy it",
-                )
-            )
-            continue
-        needs.append(CapacityNeed(str(key), value, str(amount)))
+        problem = _key_problem(str(key), amount, ctx)
+        checked = problem if problem is not None else _amount_problem(amount, ctx)
+        if isinstance(checked, str):
+            findings.append(error(here, checked))
+        else:
+            needs.append(CapacityNeed(str(key), checked, str(amount)))
     return findings, needs
+
+
+def _key_problem(key: str, amount: Any, ctx: CheckContext) -> str | None:
+    """Why `key` cannot be requested (None when it is a requestable capacity tessera publishes)."""
+    published = ctx.schema.capacities
+    domain, name = split_qualified(key)
+    if "/" in key:
+        if domain == DRIVER and name in published:
+            return (
+                f'"{key}" never matches: tessera publishes this capacity under the bare key "{name}" and '
+                "the scheduler compares capacity keys literally, so every device would be skipped and the "
+                f"pod would stay Pending; write `{name}: {amount}`"
+            )
+        return f'tessera publishes no capacity "{key}"; the requestable key is "memory"'
+    if key in REQUESTABLE_CAPACITIES:
+        return None
+    if key in published:
+        return (
+            f'"{key}" cannot be requested: tessera enforces only memory shares (through the MPS memory '
+            "limit); ask for a compute share with sharing.mps.activeThreadPercentage in the claim's "
+            "GpuConfig instead"
+        )
+    hint = ctx.schema.suggest_capacity(key)
+    suggestion = f'did you mean "{hint}"? ' if hint else ""
+    return f'tessera publishes no capacity "{key}"; {suggestion}the requestable key is "memory"'
+
+
+def _amount_problem(amount: Any, ctx: CheckContext) -> str | int:
+    """The amount in bytes, or why tessera cannot enforce it or no GPU in the cluster can hold it."""
+    from driver.cel.quantity import Quantity
+
+    try:
+        quantity = Quantity.parse(str(amount))
+    except ValueError as exc:
+        return f"{amount!r} is not a Kubernetes quantity ({exc}); write it like 4Gi"
+    value = quantity.value()
+    if quantity.milli_value() <= 0:
+        return f"must be larger than zero, got {amount}"
+    if value * 1000 != quantity.milli_value() or value % MiB:
+        low, high = (value // MiB) * MiB, (value // MiB + 1) * MiB
+        options = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else fmt_bytes(high)
+        return f"{amount} is not a whole number of MiB; tessera sets the GPU memory limit in MiB, use {options}"
+    largest = ctx.inventory.largest_memory() if ctx.inventory is not None else None
+    if largest is not None and value > largest[0]:
+        return (
+            f"{amount} is more than the largest GPU in the cluster has ({fmt_bytes(largest[0])} on "
+            f"{largest[1].describe()}), so no device can ever satisfy it"
+        )
+    return value

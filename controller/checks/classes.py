@@ -7,7 +7,8 @@ from typing import Any
 
 from controller.checks.configs import decode_configs
 from controller.checks.findings import Finding, error, has_errors, warning
-from controller.checks.inputs import CheckContext, class_targets_tessera
+from controller.checks.inputs import CheckContext
+from controller.checks.ownership import class_targets_tessera
 from controller.checks.selectors import (
     compile_selectors,
     guard_findings,

@@ -154,7 +154,7 @@ def _samples(ctx: CheckContext, conditions: Sequence[Condition], device_types: s
     given types."""
     expressions = [(c.expression, c.selector) for c in conditions]
     out: list[InventoryDevice] = []
-    for index in (ctx.inventory, ctx.prototypes):
+    for index in (ctx.inventory, ctx.samples):
         if index is not None:
             groups = shapes(index, expressions, extra_reads=[("attribute", DRIVER, "type")])
             out.extend(s.device for s in groups if s.device.device_type in device_types)

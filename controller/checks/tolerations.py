@@ -13,9 +13,7 @@ from typing import Any
 
 from controller.checks.findings import Finding, warning
 from controller.checks.inputs import CheckContext
-from controller.explain.funnel import tolerates
-
-__all__ = ["tolerates", "toleration_findings"]
+from controller.cluster.taints import tolerates
 
 HEALTH_PREFIX = "gpu.tessera.dev/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from controller.checks.findings import DRIVER
 from controller.cluster.inventory import DeviceIndex
+from driver import DRIVER_NAME as DRIVER
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
 log = structlog.get_logger(__name__)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from controller.checks.findings import DRIVER
 from controller.cluster.schema import split_qualified
+from driver import DRIVER_NAME as DRIVER
 
 if TYPE_CHECKING:
     from driver.cel import DeviceView

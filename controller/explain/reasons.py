@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.checks.inputs import class_targets_tessera
+from controller.checks.ownership import class_targets_tessera
 from controller.checks.selectors import compile_selectors
 from controller.cluster.capacityfit import fmt_amount
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, Requirement, match
-from controller.explain.funnel import Drop, Funnel, fmt_taint
+from controller.cluster.taints import fmt_taint
+from controller.explain.funnel import Drop, Funnel
 from controller.explain.requests import RequestSpec
 from controller.explain.state import Holder
 from driver import DRIVER_NAME

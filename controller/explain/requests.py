@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.checks.classes import class_conditions
-from controller.checks.inputs import class_targets_tessera, is_our_class_name
+from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.checks.selectors import compile_selectors
 from controller.cluster.matching import CapacityNeed, Condition
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from controller.cluster.capacityfit import capacity_miss, consumption
 from controller.cluster.inventory import InventoryDevice
-from controller.explain.funnel import untolerated_taint
+from controller.cluster.taints import untolerated_taint
 from controller.explain.requests import Constraint, RequestSpec
 from controller.explain.state import AllocatedState, CounterKey, DeviceKey, device_key
 
