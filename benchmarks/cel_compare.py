@@ -29,6 +29,7 @@ from benchmarks.stats import table
 from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
 from driver.discovery import load_inventory
 from driver.slices import build_slices
+from tests.driver.cel.corpus import load as load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "gpu.tessera.dev"
@@ -91,7 +92,7 @@ def _slice_device(device: dict[str, Any]) -> dict[str, Any]:
 def corpus_cases() -> list[Case]:
     """Corpus cases that compile on both engines (a compile error evaluates nothing)."""
     out = []
-    for case in json.loads((REPO / "tests" / "driver" / "cel" / "corpus.json").read_text()):
+    for case in load_corpus(REPO / "tests" / "driver" / "cel" / "corpus.json"):
         try:
             for engine in ENGINES:
                 compile_selector(case["expression"], engine=engine)

@@ -11,6 +11,7 @@ import pytest
 
 from e2e.cluster import DRIVER, Cluster
 from e2e.processes import REPO
+from tests.driver.cel.corpus import load as load_corpus
 
 CEL_CORPUS_DIR = REPO / "tests" / "driver" / "cel"
 
@@ -63,7 +64,7 @@ def test_go_oracle_confirms_every_expectation_of_the_corpus(cluster: Cluster, co
     """The corpus pins Kubernetes' behaviour; Kubernetes' own CEL library must agree with every entry."""
     if corpus is None:
         pytest.skip("tests/driver/cel/*.json (the CEL corpus) does not exist yet")
-    cases = json.loads(corpus.read_text())
+    cases = load_corpus(corpus)
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
     wrong = [f"{c['name']}: corpus says {c['expect']}, Kubernetes gives {o}: {c['expression']}"
@@ -78,7 +79,7 @@ def test_tessera_cel_engines_agree_with_kubernetes_on_the_corpus(cluster: Cluste
         from tests.driver.cel.corpus import load_known_differences, outcome
     except ImportError as exc:
         pytest.skip(f"the CEL corpus helpers (tests/driver/cel/corpus.py) are not there yet: {exc}")
-    cases = json.loads((CEL_CORPUS_DIR / "corpus.json").read_text())
+    cases = load_corpus(CEL_CORPUS_DIR / "corpus.json")
     known = load_known_differences().get(engine, {})
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
@@ -97,7 +98,7 @@ def test_tessera_cost_estimate_equals_the_apiservers_on_the_cost_corpus(cluster:
     from driver.cel.analysis import analyze
     from driver.cel.syntax import parse
 
-    cases = json.loads((CEL_CORPUS_DIR / "cost_corpus.json").read_text())
+    cases = load_corpus(CEL_CORPUS_DIR / "cost_corpus.json")
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
     wrong = []

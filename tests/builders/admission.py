@@ -4,10 +4,10 @@ a simulated DGX H100 node."""
 from __future__ import annotations
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.fakes.cluster import device_class
@@ -22,7 +22,7 @@ def dgx_handler() -> AdmissionHandler:
     index = DeviceIndex.from_slices(slices)
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True)
 
     return AdmissionHandler(context)

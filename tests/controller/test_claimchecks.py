@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.claimchecks import check_claim_spec
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.claims import check_claim_spec
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.fakes.cluster import device_class
@@ -33,7 +33,7 @@ def inventory() -> DeviceIndex:
 
 
 def ctx(inventory: DeviceIndex | None = None, *, complete: bool = True) -> CheckContext:
-    return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=inventory,
+    return CheckContext(schema=published_schema(), samples=sample_index(), inventory=inventory,
                         classes=CLASSES, classes_complete=complete)
 
 

@@ -33,10 +33,10 @@ from hypothesis import strategies as st
 
 from controller import webhook
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 from driver.discovery import load_inventory
 from driver.slices import build_slices
@@ -209,7 +209,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebhookSe
     classes = {"gpu.tessera.dev": DEVICE_CLASS | {"metadata": {"name": "gpu.tessera.dev"}}}
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes=classes, classes_complete=True)
 
     srv = WebhookServer(AdmissionHandler(context), CertificateStore(str(cert), str(key)), "127.0.0.1", 0)

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from controller.informer import ClusterCache, Reflector
-from controller.inventory import DeviceIndex
-from controller.usage import memory_usage
+from controller.cluster.informer import ClusterCache, Reflector
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.memoryusage import memory_usage
 from driver.discovery import load_inventory
 from driver.kubeapi import ApiError, WatchEvent
 from driver.slices import build_slices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
-from controller.multicard import ANNOTATION, Rewrite, fmt_bytes, pending_findings, rewrite_claim_spec
+from controller.checks.multicard import ANNOTATION, Rewrite, fmt_bytes, pending_findings, rewrite_claim_spec
 
 UUID = {"distinctAttribute": "gpu.tessera.dev/uuid"}
 ISLAND = {"matchAttribute": "gpu.tessera.dev/nvlinkIsland"}

@@ -6,29 +6,22 @@ import base64
 import copy
 import json
 
+import jsonpatch
 import pytest
 
 from controller.admission import AdmissionHandler, ReviewError
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from tests.builders.admission import GPU_CLASS, D, claim, multicard_spec, review
 from tests.fakes.cluster import device_class
 
 
 def apply_patch(obj: dict, patch: list[dict]) -> dict:
-    """A JSON Patch applier for the add/replace operations the webhook emits."""
-    out = copy.deepcopy(obj)
-    for op in patch:
-        assert op["op"] in ("add", "replace")
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        target = out
-        for part in parts[:-1]:
-            target = target[part]
-        if op["op"] == "replace":
-            assert parts[-1] in target
-        target[parts[-1]] = op["value"]
-    return out
+    """`obj` after the webhook's patch, applied by an RFC 6902 implementation (a copy; `obj` is kept)."""
+    assert {op["op"] for op in patch} <= {"add", "replace"}  # the webhook never removes, moves or tests
+    patched: dict = jsonpatch.apply_patch(obj, patch)
+    return patched
 
 
 def test_response_echoes_uid_and_allows_a_good_class(handler):
@@ -223,7 +216,7 @@ def test_class_sharing_an_extended_resource_name_is_admitted_with_a_warning():
     existing["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=None,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=None,
                             classes={"gpu.tessera.dev": existing}, classes_complete=True)
 
     response = AdmissionHandler(context).review("/validate-deviceclass", review(taken))[0]["response"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from controller.classchecks import check_device_class
-from controller.context import CheckContext, class_targets_tessera
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.classes import check_device_class
+from controller.checks.inputs import CheckContext
+from controller.checks.ownership import class_targets_tessera
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.fakes.cluster import device_class
@@ -25,7 +26,7 @@ def inventory() -> DeviceIndex:
 
 
 def context(inventory: DeviceIndex | None) -> CheckContext:
-    return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=inventory)
+    return CheckContext(schema=published_schema(), samples=sample_index(), inventory=inventory)
 
 
 def check(*expressions: str, inventory: DeviceIndex | None = None, name: str = "x.gpu.tessera.dev", config=None):

@@ -15,9 +15,9 @@ import pytest
 
 from controller import webhook
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 from tests.builders.admission import claim as admission_claim
 from tests.builders.admission import multicard_spec
@@ -36,7 +36,7 @@ def tls_server(tmp_path, ca) -> Iterator[WebhookServer]:
     ca.issue(cert, key)
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index())
+        return CheckContext(schema=published_schema(), samples=sample_index())
 
     srv = WebhookServer(AdmissionHandler(context), CertificateStore(str(cert), str(key)), "127.0.0.1", 0)
     srv.start()
@@ -191,7 +191,7 @@ def test_thousands_of_idle_connections_hold_a_bounded_number_of_threads(tmp_path
     ca.issue(cert, key)
     before = threading.active_count()
     srv = WebhookServer(AdmissionHandler(lambda: CheckContext(schema=published_schema(),
-                                                              prototypes=prototype_index())),
+                                                              samples=sample_index())),
                         CertificateStore(str(cert), str(key)), "127.0.0.1", 0)
     srv.start()
     sockets = []

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.matching import Evaluator
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.matching import Evaluator
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, ReviewSlots, WebhookServer
 from driver.cel import CelBudgetExceeded, compile_selector, device_view
 from driver.cel.analysis import MAX_COST
@@ -78,7 +78,7 @@ def test_celpy_still_evaluates_when_chosen_by_name() -> None:
 
 
 def context(**overrides: Any) -> CheckContext:
-    fields: dict[str, Any] = {"schema": published_schema(), "prototypes": prototype_index(), "inventory": INDEX,
+    fields: dict[str, Any] = {"schema": published_schema(), "samples": sample_index(), "inventory": INDEX,
                               "classes": {}, "classes_complete": True}
     return CheckContext(**{**fields, **overrides})
 
@@ -140,7 +140,7 @@ def test_review_past_its_deadline_is_answered_cut_short_and_stops_evaluating(on_
 
 
 def test_evaluator_checks_the_deadline_before_each_evaluation() -> None:
-    from controller.matching import Condition, ReviewDeadlineExceeded
+    from controller.cluster.matching import Condition, ReviewDeadlineExceeded
 
     evaluator = Evaluator(deadline=time.monotonic() + 3600)
     device = INDEX.devices[0]

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app import ControllerApp, parse_address
-from controller.inventory import DeviceIndex
+from controller.cluster.inventory import DeviceIndex
 from controller.metrics import ControllerMetrics
 from driver.discovery import load_inventory
 from driver.slices import build_slices

@@ -10,9 +10,9 @@ import pytest
 from cryptography import x509
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from tests.builders.webhook import CA, admission_review, connect, post
 from tests.fakes.cluster import device_class
@@ -40,7 +40,7 @@ def server(tls_files, observed):
     ready = {"value": True}
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index())
+        return CheckContext(schema=published_schema(), samples=sample_index())
 
     srv = WebhookServer(
         AdmissionHandler(context),

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
-from controller.tolerationchecks import tolerates
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
+from controller.cluster.taints import tolerates
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.builders.admission import GPU_CLASS, claim, review
@@ -27,7 +27,7 @@ def handler() -> AdmissionHandler:
     index = DeviceIndex.from_slices(slices)
 
     def context() -> CheckContext:
-        return CheckContext(schema=published_schema(), prototypes=prototype_index(), inventory=index,
+        return CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
                             classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True)
 
     return AdmissionHandler(context)

@@ -433,7 +433,7 @@ def test_controller_cluster_role_only_lists_and_watches_what_its_informers_read(
 
 
 def test_controller_permission_table_covers_every_cluster_reader_method():
-    informer = pytest.importorskip("controller.informer", reason="controller informer not written yet")
+    informer = pytest.importorskip("controller.cluster.informer", reason="controller informer not written yet")
     methods = {name for name in vars(informer.ClusterReader) if not name.startswith("_")}
     assert methods == set(CLUSTER_READER_PERMISSIONS), "the controller reads something new: update its RBAC"
 

@@ -286,10 +286,10 @@ def test_requests_that_each_fit_but_not_together_on_the_only_card_they_accept(cl
 
 def test_the_funnel_counts_what_the_webhooks_match_counts(cluster: FakeCluster) -> None:
     """Selectors and capacity go through the webhook's own code: with nothing allocated, the devices left after
-    the capacity step are exactly those controller.matching.match accepts."""
+    the capacity step are exactly those controller.cluster.matching.match accepts."""
+    from controller.cluster.matching import Evaluator, Requirement, match
     from controller.explain.funnel import funnel
     from controller.explain.requests import request_spec
-    from controller.matching import Evaluator, Requirement, match
 
     v = view(cluster)
     bodies = [exactly()["exactly"], exactly(memory="30Gi", device_class="shared.gpu.tessera.dev")["exactly"],
@@ -326,7 +326,7 @@ def test_a_taken_static_mig_instance_is_held_by_its_claim() -> None:
     ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, False),
 ])
 def test_tolerations_follow_the_scheduler(toleration: dict[str, str], tolerated: bool) -> None:
-    from controller.explain.funnel import tolerates
+    from controller.cluster.taints import tolerates
 
     assert tolerates(toleration, {"key": "k", "value": "v", "effect": "NoSchedule"}) is tolerated
 

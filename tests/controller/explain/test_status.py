@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tessera.clusterread
-from controller.capacityfit import quantity
+from controller.cluster.capacityfit import quantity
 from controller.explain.explain import ClusterView
 from controller.explain.status import GpuStatus, StatusReport, cluster_status
 from controller.explain.svg import BAR_W, BAR_X, status_svg

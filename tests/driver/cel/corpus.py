@@ -12,12 +12,24 @@ from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, comp
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus.json"
+COST_CORPUS = HERE / "cost_corpus.json"
 KNOWN_DIFFERENCES = HERE / "known_differences.yaml"
 
 
+def load(path: Path) -> list[dict[str, Any]]:
+    """A corpus file's cases, each with the name of its device replaced by the device from the file's
+    `devices` table: the list form the Go oracle (`tessera-harness cel`) reads."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    devices: dict[str, dict[str, Any]] = data["devices"]
+    cases: list[dict[str, Any]] = data["cases"]
+    unknown = sorted({c["device"] for c in cases} - devices.keys())
+    if unknown:
+        raise ValueError(f"{path.name}: cases name devices missing from its `devices` table: {', '.join(unknown)}")
+    return [{**case, "device": devices[case["device"]]} for case in cases]
+
+
 def load_cases() -> list[dict[str, Any]]:
-    cases: list[dict[str, Any]] = json.loads(CORPUS.read_text())
-    return cases
+    return load(CORPUS)
 
 
 def load_known_differences() -> dict[str, dict[str, str]]:
@@ -59,3 +71,11 @@ def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
         return {"error": "runtime"}, e.message
     except CelBudgetExceeded as e:
         return {"error": "budget"}, e.message
+
+
+if __name__ == "__main__":
+    # python -m tests.driver.cel.corpus tests/driver/cel/corpus.json | tessera-harness cel
+    import sys
+
+    json.dump(load(Path(sys.argv[1])), sys.stdout, indent=1)
+    sys.stdout.write("\n")

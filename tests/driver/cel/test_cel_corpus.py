@@ -7,10 +7,13 @@ an unlisted difference fails, and so does a listed one that no longer differs.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from driver.cel import DEFAULT_ENGINE, ENGINES
-from tests.driver.cel.corpus import load_cases, load_known_differences, outcome
+from tests.driver.cel.corpus import load, load_cases, load_known_differences, outcome
 
 CASES = load_cases()
 KNOWN = load_known_differences()
@@ -23,6 +26,15 @@ def test_corpus_is_well_formed() -> None:
         assert set(c) >= {"name", "expression", "device", "expect"}, c["name"]
         assert c["expect"] in (True, False, {"error": "compile"}, {"error": "runtime"}), c["name"]
         assert set(c["device"]) <= {"driver", "attributes", "capacity", "allowMultipleAllocations"}, c["name"]
+
+
+def test_a_case_naming_a_device_missing_from_the_table_is_refused(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps({"devices": {"gpu": {"driver": "gpu.tessera.dev"}},
+                                  "cases": [{"name": "a", "expression": "true", "device": "gpu", "expect": True},
+                                            {"name": "b", "expression": "true", "device": "mig", "expect": True}]}))
+    with pytest.raises(ValueError, match=r"corpus\.json: cases name devices missing from its `devices` table: mig$"):
+        load(corpus)
 
 
 def test_known_differences_name_real_cases() -> None:

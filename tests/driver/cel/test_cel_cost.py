@@ -5,8 +5,6 @@ pinned number against Kubernetes' own compiler (the Go oracle), so these tests n
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +12,9 @@ import pytest
 from driver.cel import CelCompileError, compile_selector
 from driver.cel.analysis import MAX_COST, analyze
 from driver.cel.syntax import parse
+from tests.driver.cel.corpus import COST_CORPUS, load
 
-COST_CORPUS = Path(__file__).parent / "cost_corpus.json"
-CASES: list[dict[str, Any]] = json.loads(COST_CORPUS.read_text())
+CASES: list[dict[str, Any]] = load(COST_CORPUS)
 BY_NAME = {c["name"]: c for c in CASES}
 
 

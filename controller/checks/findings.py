@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from driver import DRIVER_NAME
+
 Severity = Literal["error", "warning"]
 
-DRIVER = "gpu.tessera.dev"
+DRIVER = DRIVER_NAME
 STANDARD_DOMAIN = "resource.kubernetes.io"
 DOCS_ATTRIBUTES = "docs/attributes.md"
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex
-from controller.schema import AttributeSchema, published_schema
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.schema import AttributeSchema, published_schema
+from driver import DRIVER_NAME as DRIVER
 
 _ZERO: dict[str, Any] = {"int": 0, "bool": False, "string": "", "version": "0.0.0"}
 
@@ -34,7 +34,7 @@ def synthetic_device(schema: AttributeSchema, device_type: str) -> dict[str, Any
 
 
 @cache
-def prototype_index() -> DeviceIndex:
+def sample_index() -> DeviceIndex:
     from driver.simulated import builtin_profiles, simulated_inventory
     from driver.slices import build_slices
 

@@ -11,14 +11,15 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from controller.capacitychecks import capacity_findings
-from controller.classchecks import class_conditions
-from controller.configchecks import decode_configs
-from controller.context import CheckContext, class_targets_tessera, is_our_class_name
-from controller.findings import Finding, error, warning
-from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
-from controller.multicard import pending_findings
-from controller.selectors import (
+from controller.checks.capacity import capacity_findings
+from controller.checks.classes import class_conditions
+from controller.checks.configs import DecodedConfig, decode_configs
+from controller.checks.findings import Finding, error, warning
+from controller.checks.inputs import CheckContext
+from controller.checks.multicard import pending_findings
+from controller.checks.ownership import class_targets_tessera
+from controller.checks.requests import request_bodies, request_names
+from controller.checks.selectors import (
     compile_selectors,
     guard_findings,
     no_match_finding,
@@ -26,7 +27,8 @@ from controller.selectors import (
     schema_findings,
     skipped_finding,
 )
-from controller.tolerationchecks import toleration_findings
+from controller.checks.tolerations import toleration_findings
+from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 
 Obj = dict[str, Any]
 
@@ -46,11 +48,6 @@ class ClaimReport:
     requests: tuple[RequestReport, ...] = ()
 
 
-def targets_tessera(ctx: CheckContext, class_name: str) -> bool:
-    cls = ctx.classes.get(class_name)
-    return is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
-
-
 def _near_tessera_class(ctx: CheckContext, class_name: str) -> str | None:
     """For a class that does not exist, the closest existing tessera class name (a typo, most likely)."""
     if not ctx.classes_complete or class_name in ctx.classes:
@@ -58,24 +55,6 @@ def _near_tessera_class(ctx: CheckContext, class_name: str) -> str | None:
     ours = [n for n, c in ctx.classes.items() if class_targets_tessera(dict(c)) and n != class_name]
     matches = difflib.get_close_matches(class_name, ours, n=1, cutoff=0.8)
     return matches[0] if matches else None
-
-
-def request_names(spec: Obj) -> list[str]:
-    """Every name a constraint or config may use: `req`, and `req/sub` for firstAvailable entries."""
-    names: list[str] = []
-    devices = spec.get("devices")
-    for request in _list(devices.get("requests") if isinstance(devices, dict) else None):
-        if not isinstance(request, dict):
-            continue
-        name = str(request.get("name", ""))
-        names.append(name)
-        names.extend(f"{name}/{s.get('name')}" for s in _list(request.get("firstAvailable")) if isinstance(s, dict))
-    return names
-
-
-def _list(value: Any) -> list[Any]:
-    """A list field as a list; any other shape is reported where it is checked and read as empty here."""
-    return value if isinstance(value, list) else []
 
 
 def explain_hint(target: str = "") -> str:
@@ -97,17 +76,8 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
     findings: list[Finding] = []
     config_errors, configs = decode_configs(devices.get("config"), f"{path}.devices.config", in_class=False)
     findings.extend(config_errors)
-    known = request_names(spec)
-    for c in configs:
-        for j, ref in enumerate(c.requests):
-            if ref not in known:
-                findings.append(
-                    error(
-                        f"{path}.devices.config[{c.index}].requests[{j}]",
-                        f'"{ref}" names no request of this claim; the requests are: {", ".join(known) or "none"}',
-                    )
-                )
-    findings.extend(pending_findings(spec, path, lambda name: targets_tessera(ctx, name)))
+    findings.extend(_unknown_request_refs(configs, request_names(spec), path))
+    findings.extend(pending_findings(spec, path, ctx.targets_tessera))
 
     reports: list[RequestReport] = []
     requests = devices.get("requests") or []
@@ -117,30 +87,41 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
     for i, request in enumerate(requests):
         if not isinstance(request, dict):
             continue
-        name = str(request.get("name", ""))
         rpath = f"{path}.devices.requests[{i}]"
-        if isinstance(request.get("exactly"), dict):
-            report = _check_request(request["exactly"], f"{rpath}.exactly", name, ctx, findings, explain=explain)
+        for ref, body, bpath in request_bodies(request, rpath):
+            report = _check_request(body, bpath, ref, ctx, findings, explain=explain)
             if report:
                 reports.append(report)
-        alternatives = request.get("firstAvailable")
-        if alternatives is not None and not isinstance(alternatives, list):
-            findings.append(error(f"{rpath}.firstAvailable", f"must be a list of subrequests, got "
-                                                             f"{type(alternatives).__name__}"))
-        for j, sub in enumerate(_list(alternatives)):
-            if isinstance(sub, dict):
-                ref = f"{name}/{sub.get('name', '')}"
-                report = _check_request(sub, f"{rpath}.firstAvailable[{j}]", ref, ctx, findings, explain=explain)
-                if report:
-                    reports.append(report)
+        # after the bodies: when firstAvailable is not a list, `exactly` is the only body
+        findings.extend(_alternatives_shape(request, rpath))
     # a skipped selector is reported once, however many checks needed it
     return ClaimReport(tuple(dict.fromkeys(findings)), tuple(reports))
+
+
+def _unknown_request_refs(configs: list[DecodedConfig], known: list[str], path: str) -> list[Finding]:
+    """Config entries whose `requests` name a request the claim does not have."""
+    return [
+        error(
+            f"{path}.devices.config[{c.index}].requests[{j}]",
+            f'"{ref}" names no request of this claim; the requests are: {", ".join(known) or "none"}',
+        )
+        for c in configs
+        for j, ref in enumerate(c.requests)
+        if ref not in known
+    ]
+
+
+def _alternatives_shape(request: Obj, path: str) -> list[Finding]:
+    alternatives = request.get("firstAvailable")
+    if alternatives is None or isinstance(alternatives, list):
+        return []
+    return [error(f"{path}.firstAvailable", f"must be a list of subrequests, got {type(alternatives).__name__}")]
 
 
 def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding], *,
                    explain: str = "") -> RequestReport | None:
     class_name = str(body.get("deviceClassName", ""))
-    if not targets_tessera(ctx, class_name):
+    if not ctx.targets_tessera(class_name):
         near = _near_tessera_class(ctx, class_name)
         if near is not None:
             findings.append(

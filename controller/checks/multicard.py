@@ -56,8 +56,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.configchecks import DecodedConfig, decode_configs
-from controller.findings import DRIVER, Finding, error
+from controller.checks.configs import DecodedConfig, decode_configs
+from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.requests import request_bodies
 
 GiB = 1 << 30
 ANNOTATION = f"{DRIVER}/multi-card"
@@ -145,8 +146,6 @@ def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bo
 
     `targets_tessera(class_name)` says whether a request's DeviceClass is one of tessera's.
     """
-    from driver.config import config_applies
-
     out = copy.deepcopy(spec) if isinstance(spec, dict) else {}
     devices = out.get("devices")
     if not isinstance(devices, dict) or not isinstance(devices.get("requests"), list):
@@ -156,74 +155,81 @@ def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bo
     if not carrying:
         return RewriteResult(out)
 
-    def effective(name: str) -> tuple[DecodedConfig | None, bool]:
-        total: DecodedConfig | None = None
-        island = False
-        for c in configs:  # later entries win, as when the node agent merges them
-            if config_applies(c.requests, name):
-                if c.config.sharing.total_memory:
-                    total = c
-                if c.config.sharing.same_nvlink_island is not None:
-                    island = c.config.sharing.same_nvlink_island
-        return total, island
-
     findings: list[Finding] = []
     rewrites: list[Rewrite] = []
     for i, request in enumerate(devices["requests"]):
         if not isinstance(request, dict):
             continue
-        name = str(request.get("name", ""))
-        rpath = f"{path}.devices.requests[{i}]"
-        # (reference, body, field path): the body is edited in place, inside the copy `out`.
-        bodies: list[tuple[str, Obj, str]] = []
-        if isinstance(request.get("exactly"), dict):
-            bodies.append((name, request["exactly"], f"{rpath}.exactly"))
-        if isinstance(request.get("firstAvailable"), list):
-            bodies.extend(
-                (f"{name}/{sub.get('name', '')}", sub, f"{rpath}.firstAvailable[{j}]")
-                for j, sub in enumerate(request["firstAvailable"])
-                if isinstance(sub, dict)
-            )
-        for ref, body, bpath in bodies:
+        # the bodies are edited in place, inside the copy `out`
+        for ref, body, bpath in request_bodies(request, f"{path}.devices.requests[{i}]"):
             if not targets_tessera(str(body.get("deviceClassName", ""))):
                 continue
-            total_cfg, same_island = effective(ref)
-            if total_cfg is None:
-                if same_island and _multi(body):
-                    cards = 0 if body.get("allocationMode") == "All" else _count(body)
-                    rewrites.append(Rewrite(ref, cards, "", True))
-                continue
-            result = _share(ref, body, bpath, total_cfg, same_island=same_island)
+            result = _rewrite_body(ref, body, bpath, configs)
             if isinstance(result, Finding):
                 findings.append(result)
-                continue
-            body["count"] = result.cards
-            body["capacity"] = {"requests": {"memory": result.per_card}}
-            rewrites.append(result)
+            elif result is not None:
+                rewrites.append(result)
 
     if findings:
         return RewriteResult(copy.deepcopy(spec), (), tuple(findings))
     if not rewrites:
         return RewriteResult(out)
-    existing = devices.get("constraints")
-    if existing is not None and not isinstance(existing, list):
-        return RewriteResult(copy.deepcopy(spec), (), (error(
-            f"{path}.devices.constraints", f"must be a list of constraints, got {type(existing).__name__}"),))
-    constraints = list(existing or [])
-    for rewrite in rewrites:
-        constraints.extend(c for c in rewrite.constraints() if c not in constraints)
-    if len(constraints) > MAX_CONSTRAINTS:
-        return RewriteResult(copy.deepcopy(spec), (), (error(
-            f"{path}.devices.constraints",
-            f"the multi-card rewrite needs {len(constraints)} constraints, more than the {MAX_CONSTRAINTS} a "
-            "claim may have; split the claim, or drop constraints that repeat what sharing.totalMemory and "
-            "sameNVLinkIsland already ask for",
-        ),))
-    devices["constraints"] = constraints
+    problem = _add_constraints(devices, path, rewrites)
+    if problem is not None:
+        return RewriteResult(copy.deepcopy(spec), (), (problem,))
     devices["config"] = [_stripped(c) for c in devices.get("config") or []]
     if not devices["config"]:
         del devices["config"]
     return RewriteResult(out, tuple(rewrites))
+
+
+def _effective(configs: list[DecodedConfig], name: str) -> tuple[DecodedConfig | None, bool]:
+    """The config whose totalMemory applies to request `name`, and whether it asks for one NVLink island."""
+    from driver.config import config_applies
+
+    total: DecodedConfig | None = None
+    island = False
+    for c in configs:  # later entries win, as when the node agent merges them
+        if config_applies(c.requests, name):
+            if c.config.sharing.total_memory:
+                total = c
+            if c.config.sharing.same_nvlink_island is not None:
+                island = c.config.sharing.same_nvlink_island
+    return total, island
+
+
+def _rewrite_body(ref: str, body: Obj, path: str, configs: list[DecodedConfig]) -> Rewrite | Finding | None:
+    """Rewrite one tessera request body in place; None when its configs ask for nothing to rewrite."""
+    total_cfg, same_island = _effective(configs, ref)
+    if total_cfg is None:
+        if same_island and _multi(body):
+            cards = 0 if body.get("allocationMode") == "All" else _count(body)
+            return Rewrite(ref, cards, "", True)
+        return None
+    result = _share(ref, body, path, total_cfg, same_island=same_island)
+    if isinstance(result, Rewrite):
+        body["count"] = result.cards
+        body["capacity"] = {"requests": {"memory": result.per_card}}
+    return result
+
+
+def _add_constraints(devices: Obj, path: str, rewrites: list[Rewrite]) -> Finding | None:
+    """Add the rewrites' constraints to `devices` (once each); the error when that cannot be done."""
+    existing = devices.get("constraints")
+    if existing is not None and not isinstance(existing, list):
+        return error(f"{path}.devices.constraints", f"must be a list of constraints, got {type(existing).__name__}")
+    constraints = list(existing or [])
+    for rewrite in rewrites:
+        constraints.extend(c for c in rewrite.constraints() if c not in constraints)
+    if len(constraints) > MAX_CONSTRAINTS:
+        return error(
+            f"{path}.devices.constraints",
+            f"the multi-card rewrite needs {len(constraints)} constraints, more than the {MAX_CONSTRAINTS} a "
+            "claim may have; split the claim, or drop constraints that repeat what sharing.totalMemory and "
+            "sameNVLinkIsland already ask for",
+        )
+    devices["constraints"] = constraints
+    return None
 
 
 def _count(body: Mapping[str, Any]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.findings import DRIVER, Finding, error
+from controller.checks.findings import DRIVER, Finding, error
 
 
 @dataclass(frozen=True)

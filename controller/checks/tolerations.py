@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.context import CheckContext
-from controller.explain.funnel import tolerates
-from controller.findings import Finding, warning
-
-__all__ = ["tolerates", "toleration_findings"]
+from controller.checks.findings import Finding, warning
+from controller.checks.inputs import CheckContext
+from controller.cluster.taints import tolerates
 
 HEALTH_PREFIX = "gpu.tessera.dev/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex, memory_bytes
+from controller.cluster.inventory import DeviceIndex, memory_bytes
+from driver import DRIVER_NAME as DRIVER
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Whether a request's `capacity.requests` fit on a device, by the scheduler's rules.
 
 This follows the 1.36 allocator's CmpRequestOverCapacity (k8s.io/dynamic-resource-allocation,
-structured/internal/incubating/consumable_capacity.go; dra-api.md §4.1):
+structured/internal/incubating/consumable_capacity.go; KEP-5075):
 
 - every requested key must be a capacity of the device, spelled exactly as published;
 - every capacity of the device is consumed: a requested amount is rounded up to the request policy
@@ -23,8 +23,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from controller.inventory import InventoryDevice
-    from controller.matching import CapacityNeed
+    from controller.cluster.inventory import InventoryDevice
+    from controller.cluster.matching import CapacityNeed
 
 MissKind = Literal["missing", "policy", "size", "in-use"]
 GiB = 1 << 30

@@ -1,32 +1,13 @@
-"""What the checks know about the cluster when they run: the attribute schema, the live devices (if
-any), the DeviceClasses, and sample devices for the static guard check."""
+"""Which DeviceClasses are tessera's: by name, by a selector naming its driver, or by a config for it.
+The checks judge only these; `tessera explain` uses the same rule."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex
-from controller.matching import Evaluator
-from controller.schema import AttributeSchema
+from controller.checks.findings import DRIVER
 
 Obj = dict[str, Any]
-
-
-@dataclass
-class CheckContext:
-    """Inputs of one check run. `inventory` None means "no inventory known": matching is skipped rather
-    than warning that everything matches nothing. `classes_complete` says whether `classes` is the
-    cluster's full set (a class missing from it does not exist) or only what the user gave."""
-
-    schema: AttributeSchema
-    prototypes: DeviceIndex
-    inventory: DeviceIndex | None = None
-    classes: Mapping[str, Obj] = field(default_factory=dict)
-    classes_complete: bool = False
-    evaluator: Evaluator = field(default_factory=Evaluator)
 
 
 def is_our_class_name(name: str) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.configchecks import decode_configs
-from controller.context import CheckContext, class_targets_tessera
-from controller.findings import Finding, error, has_errors, warning
-from controller.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
-from controller.selectors import (
+from controller.checks.configs import decode_configs
+from controller.checks.findings import Finding, error, has_errors, warning
+from controller.checks.inputs import CheckContext
+from controller.checks.ownership import class_targets_tessera
+from controller.checks.selectors import (
     compile_selectors,
     guard_findings,
     no_match_finding,
@@ -17,6 +17,7 @@ from controller.selectors import (
     schema_findings,
     skipped_finding,
 )
+from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
 
 Obj = dict[str, Any]
 

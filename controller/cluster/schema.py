@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from controller.findings import DRIVER
+from driver import DRIVER_NAME as DRIVER
 
 # Capacity keys tessera publishes on every device (driver.attributes.DEVICE_CAPACITIES holds the truth).
 CAPACITY_NAMES: tuple[str, ...] = ("memory", "multiprocessors")

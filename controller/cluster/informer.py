@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex
+from controller.cluster.inventory import DeviceIndex
+from driver import DRIVER_NAME as DRIVER
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
 log = structlog.get_logger(__name__)

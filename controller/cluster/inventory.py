@@ -1,6 +1,7 @@
 """The cluster's tessera devices as the checks see them: a snapshot built from ResourceSlices.
 
-Pools follow the scheduler's rule (dra-api.md §2.5): within a pool only the slices of the highest
+Pools follow the scheduler's rule (GatherPools in k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/pools_incubating.go): within a pool only the slices of the highest
 `pool.generation` count, so devices of a pool that is being republished are not seen twice. A pool
 whose slice count does not match `resourceSliceCount` yet is still used (and listed in
 `incomplete_pools`): a warning "matches no device" during a republish would be noise.
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from controller.findings import DRIVER
-from controller.schema import split_qualified
+from controller.cluster.schema import split_qualified
+from driver import DRIVER_NAME as DRIVER
 
 if TYPE_CHECKING:
     from driver.cel import DeviceView
@@ -141,7 +142,7 @@ class DeviceIndex:
     devices: tuple[InventoryDevice, ...] = ()
     incomplete_pools: tuple[str, ...] = ()
     version: int = 0  # bumped by the cache on every change; lets callers memoise per snapshot
-    # groupings of `devices` by what a set of selectors can see (controller.shapes); lives and dies
+    # groupings of `devices` by what a set of selectors can see (controller.cluster.devicegroups); lives and dies
     # with this snapshot
     shape_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 

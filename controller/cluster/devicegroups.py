@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from controller.conjuncts import skip_string
-from controller.inventory import DeviceIndex, InventoryDevice
+from controller.cluster.celtext import skip_string
+from controller.cluster.inventory import DeviceIndex, InventoryDevice
 
 if TYPE_CHECKING:
     from driver.cel import CompiledSelector

@@ -1,7 +1,8 @@
 """Checks on CEL device selectors that do not depend on which object holds them: they compile, they
 name only attributes tessera publishes, and they never read a type-specific attribute unguarded.
 
-Why the guard rule matters (dra-api.md §5.4): a missing key is a runtime error, not `false`, and one
+Why the guard rule matters (KEP-4381; the DynamicResources Filter in kubernetes
+pkg/scheduler/framework/plugins/dynamicresources): a missing key is a runtime error, not `false`, and one
 runtime error in a selector makes the scheduler abort the whole pod, on every node, for every pod that
 uses the class. A read the static analysis flags as unguarded is only reported when it really fails
 on a device of a type that lacks the attribute (live devices first, then tessera's sample devices),
@@ -13,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller.context import CheckContext
-from controller.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
-from controller.inventory import InventoryDevice
-from controller.matching import Condition, EvaluationSkipped, MatchResult
-from controller.shapes import shapes
+from controller.checks.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
+from controller.checks.inputs import CheckContext
+from controller.cluster.devicegroups import shapes
+from controller.cluster.inventory import InventoryDevice
+from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
@@ -153,7 +154,7 @@ def _samples(ctx: CheckContext, conditions: Sequence[Condition], device_types: s
     given types."""
     expressions = [(c.expression, c.selector) for c in conditions]
     out: list[InventoryDevice] = []
-    for index in (ctx.inventory, ctx.prototypes):
+    for index in (ctx.inventory, ctx.samples):
         if index is not None:
             groups = shapes(index, expressions, extra_reads=[("attribute", DRIVER, "type")])
             out.extend(s.device for s in groups if s.device.device_type in device_types)

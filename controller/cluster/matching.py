@@ -1,5 +1,6 @@
 """Which devices a class or request matches, evaluated once per distinct device shape
-(controller.shapes), the way the scheduler filters (dra-api.md §6.2): class selectors, then request
+(controller.cluster.devicegroups), the way the scheduler filters (k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/allocator_incubating.go): class selectors, then request
 selectors, stopping at the first one that is false or fails, then the capacity request. When nothing
 matches, the nearest miss is the device failing the fewest top-level `&&` parts.
 """
@@ -12,10 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from controller.capacityfit import capacity_miss
-from controller.conjuncts import split_conjuncts
-from controller.inventory import DeviceIndex, InventoryDevice
-from controller.shapes import Shape, dedup_safe, read_keys, shape_key, shapes
+from controller.cluster.capacityfit import capacity_miss
+from controller.cluster.celtext import split_conjuncts
+from controller.cluster.devicegroups import Shape, dedup_safe, read_keys, shape_key, shapes
+from controller.cluster.inventory import DeviceIndex, InventoryDevice
 
 if TYPE_CHECKING:
     from driver.cel import CompiledSelector
@@ -159,7 +160,8 @@ class Evaluator:
 
 
 def capacity_shortfall(device: InventoryDevice, need: CapacityNeed) -> str | None:
-    """Why the device can never give `need` (None when it can), by the scheduler's rules (controller.capacityfit)."""
+    """Why the device can never give `need` (None when it can), by the scheduler's rules
+    (controller.cluster.capacityfit)."""
     miss = capacity_miss(device, (need,))
     return miss.reason if miss else None
 
