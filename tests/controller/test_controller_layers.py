@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import REPO
+
+ROOT = REPO
 ENTRY_POINTS = ("controller.admission", "controller.webhook", "controller.app", "controller.metrics",
                 "controller.offline", "controller.explain")
 
