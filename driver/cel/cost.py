@@ -15,8 +15,8 @@ follows the same rules over tessera's syntax tree, with the static types from dr
 - macros are charged as their expansion: the range, the accumulator, and per element the loop
   condition plus step (e.g. `map` appends to a list: 12 + the mapped expression per element).
 
-Only the maximum is returned (the apiserver compares the maximum). tests/cel/cost_corpus.json holds
-the cases checked against the Go oracle (e2e/test_oracles.py), and tests/test_cel_cost.py the same
+Only the maximum is returned (the apiserver compares the maximum). tests/driver/cel/cost_corpus.json holds
+the cases checked against the Go oracle (e2e/test_oracles.py), and tests/driver/cel/test_cel_cost.py the same
 numbers without Go.
 """
 

@@ -1,0 +1,74 @@
+"""A DeviceState over real files in a temporary folder, and the crash hooks, claims and readers its tests share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+from driver.cdi import read_spec
+from kubeletplugin.migmanager import SimulatedMigManager
+from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.state import DeviceState
+from kubeletplugin.types import ClaimRef, PrepareResult
+from tests.builders.claims import UID, inventory, make_claim
+from tests.paths import CDI_SCHEMA
+
+UID2 = "0a9b8c7d-0000-4000-8000-000000000002"
+SCHEMA = json.loads(CDI_SCHEMA.read_text())
+
+
+class Crash(BaseException):
+    """Stands in for the process dying at a step (BaseException: nothing in DeviceState catches it)."""
+
+
+def crash_at(step: str):
+    def hook(current: str) -> None:
+        if current == step:
+            raise Crash(step)
+
+    return hook
+
+
+def no_crash(step: str) -> None:
+    del step
+
+
+def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
+    state_dir = tmp_path / "state"
+    return DeviceState(
+        inventory(profile),
+        tmp_path / "cdi",
+        state_dir,
+        "node-a",
+        kwargs.pop("mps", None) or FakeMpsControl(state_dir),
+        SimulatedMigManager(state_dir),
+        crash_hook=hook,
+        **kwargs,
+    )
+
+
+def ref(uid: str = UID, name: str = "claim") -> ClaimRef:
+    return ClaimRef("team-a", name, uid)
+
+
+def prepare(state: DeviceState, results, configs=None, uid: str = UID, name: str = "claim") -> PrepareResult:
+    return state.prepare(ref(uid, name), make_claim(results, configs, uid=uid, name=name))
+
+
+def spec_of(state: DeviceState, uid: str = UID) -> dict[str, Any]:
+    spec = read_spec(state.cdi_dir, uid)
+    assert spec is not None
+    jsonschema.Draft202012Validator(SCHEMA).validate(spec)
+    return spec
+
+
+def env_of(spec: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+
+
+def fake_mps(state: DeviceState) -> FakeMpsControl:
+    assert isinstance(state.mps, FakeMpsControl)
+    return state.mps
