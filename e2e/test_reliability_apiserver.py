@@ -31,7 +31,7 @@ from e2e.workloads import (
     wait_running,
 )
 from kubeletplugin.kubeletclaims import ClaimRef
-from tests.kubeletclient import PluginConnection
+from tests.fakes.kubeletclient import PluginConnection
 
 NODE = "outage-a100"
 NAMESPACE = "outage"

@@ -17,7 +17,7 @@ from driver.errors import TesseraError
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
-# cel-expr-python agrees with Kubernetes on more of tests/cel/corpus.json (see tests/cel/README.md).
+# cel-expr-python agrees with Kubernetes on more of tests/driver/cel/corpus.json (see tests/driver/cel/README.md).
 DEFAULT_ENGINE = "celexpr"
 CACHE_SIZE = 512
 # Nesting tessera's recursive checker follows. Real selectors nest a handful of levels; the limits
