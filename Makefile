@@ -30,6 +30,7 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy driver kubeletplugin controller tessera hack benchmarks
+	$(PY) -m hack.import_cycles
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -218,10 +218,11 @@ class StepTimer:
 @contextlib.contextmanager
 def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
     """Patch timing wrappers around the steps of a prepare/unprepare; everything is restored after."""
+    import kubeletplugin.claimdevices as devices_mod
     import kubeletplugin.state as state_mod
     from kubeletplugin.checkpoint import CheckpointStore
     from kubeletplugin.migmanager import SimulatedMigManager
-    from kubeletplugin.mps import FakeMpsControl
+    from kubeletplugin.mps import SimulatedMpsControl
 
     targets: list[tuple[Any, str, str]] = [
         (api, "get_resource_claim", "apiserver GET claim"),
@@ -230,8 +231,9 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
         (state_mod, "parse_claim_allocation", "allocation + config parse"),
         (state_mod, "write_spec", "CDI spec write (fsync)"),
         (state_mod, "remove_spec", "CDI spec delete (fsync dir)"),
-        (FakeMpsControl, "start", "MPS daemon start (fake)"),
-        (FakeMpsControl, "stop", "MPS daemon stop (fake)"),
+        (devices_mod, "remove_spec", "CDI spec delete (fsync dir)"),
+        (SimulatedMpsControl, "start", "MPS daemon start (fake)"),
+        (SimulatedMpsControl, "stop", "MPS daemon stop (fake)"),
         (SimulatedMigManager, "create", "MIG create (simulated)"),
         (SimulatedMigManager, "destroy", "MIG destroy (simulated)"),
     ]

@@ -31,6 +31,7 @@ from controller.checks.findings import Finding
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import ANNOTATION, rewrite_claim_spec
 from controller.cluster.matching import ReviewDeadlineExceeded
+from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +47,7 @@ OnDeadline = Literal["deny", "allow"]
 ON_DEADLINE: tuple[OnDeadline, ...] = ("deny", "allow")
 
 
-class ReviewError(ValueError):
+class ReviewError(InvalidInputError):
     """The request body is not an AdmissionReview v1 request (answered with HTTP 400)."""
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import structlog
 
+from driver.errors import InvalidInputError
+
 log = structlog.get_logger(__name__)
 
 CDI_VENDOR = "gpu.tessera.dev"
@@ -41,7 +43,7 @@ _MIG_CAP_PER_GI = 9
 _MIG_CAP_PER_GPU = 15 * _MIG_CAP_PER_GI
 
 
-class CdiError(ValueError):
+class CdiError(InvalidInputError):
     """A spec tessera refuses to write (bad claim uid, bad device name)."""
 
 

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from driver.cel.quantity import Quantity
+from driver.errors import InvalidInputError
 
 API_VERSION = "gpu.tessera.dev/v1alpha1"
 KIND = "GpuConfig"
@@ -31,7 +32,7 @@ class Strategy(StrEnum):
     TIME_SLICING = "TimeSlicing"
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInputError):
     """A config value tessera cannot use; `field_path` points at it in the object the user wrote."""
 
     def __init__(self, field_path: str, message: str) -> None:

@@ -56,8 +56,9 @@ from typing import Any, TypeVar
 import yaml
 
 from driver import mig, safeyaml
-from driver.discovery import DiscoveryError, assign_nvlink_islands
+from driver.errors import DiscoveryError
 from driver.model import Gpu, Inventory, MigInstance
+from driver.nvlink import assign_nvlink_islands
 
 # Fixed namespace so that simulated UUIDs are reproducible everywhere.
 _UUID_NAMESPACE = uuid.UUID("5d1f3c2e-8a4b-4e6f-9c0d-7b2a1e3f4c5d")

@@ -30,7 +30,7 @@ from e2e.workloads import (
     slices_of,
     wait_running,
 )
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.fakes.kubeletclient import PluginConnection
 
 NODE = "outage-a100"

@@ -12,12 +12,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from driver.errors import TesseraError
+
 Obj = dict[str, Any]
 GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = "gpu.tessera.dev"
 
 
-class ReadError(Exception):
+class ReadError(TesseraError):
     """The cluster cannot be reached or refuses a read tessera needs; the message says which."""
 
 

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from driver.errors import TesseraError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, or kind: List)")
@@ -22,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--kubeconfig", metavar="K", help="read ResourceSlices and DeviceClasses from this cluster")
 
 
-class InputError(Exception):
+class InputError(TesseraError):
     """A file that cannot be read or parsed."""
 
 

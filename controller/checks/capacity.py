@@ -14,7 +14,7 @@ from typing import Any
 from controller.checks.findings import DRIVER, Finding, error
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import fmt_bytes
-from controller.cluster.matching import CapacityNeed
+from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.schema import REQUESTABLE_CAPACITIES, split_qualified
 
 MiB = 1 << 20

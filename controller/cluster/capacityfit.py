@@ -24,11 +24,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from controller.cluster.inventory import InventoryDevice
-    from controller.cluster.matching import CapacityNeed
 
 MissKind = Literal["missing", "policy", "size", "in-use"]
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CapacityNeed:
+    """`capacity.requests[key]` of a request, as written and in base units."""
+
+    key: str
+    amount: int
+    text: str
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from controller.cluster.capacityfit import capacity_miss
+from controller.cluster.capacityfit import CapacityNeed, capacity_miss
 from controller.cluster.celtext import split_conjuncts
 from controller.cluster.devicegroups import Shape, dedup_safe, read_keys, shape_key, shapes
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
@@ -32,15 +32,6 @@ class Condition:
     path: str  # field path of the expression in the object being checked
     expression: str
     selector: CompiledSelector = field(repr=False)
-
-
-@dataclass(frozen=True)
-class CapacityNeed:
-    """`capacity.requests[key]` of a request, as written and in base units."""
-
-    key: str
-    amount: int
-    text: str
 
 
 @dataclass(frozen=True)

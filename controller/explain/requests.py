@@ -11,7 +11,8 @@ from typing import Any
 from controller.checks.classes import class_conditions
 from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.checks.selectors import compile_selectors
-from controller.cluster.matching import CapacityNeed, Condition
+from controller.cluster.capacityfit import CapacityNeed
+from controller.cluster.matching import Condition
 
 Obj = dict[str, Any]
 

@@ -13,6 +13,7 @@ from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
+from driver.errors import TesseraError
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
@@ -79,7 +80,7 @@ def engine_name(engine: str | None) -> str:
     return name
 
 
-class CelEngineMissing(RuntimeError):
+class CelEngineMissing(TesseraError, RuntimeError):
     """No engine was chosen and the default one is not installed."""
 
 

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from driver.errors import TesseraError
+
 RESERVED = frozenset({
     "as", "break", "const", "continue", "else", "for", "function", "if", "import", "let", "loop", "package",
     "namespace", "return", "var", "void", "while",
@@ -23,7 +25,7 @@ RESERVED = frozenset({
 # A syntax error carries the 0-based character offset; CelCompileError turns it into a column.
 
 
-class CelSyntaxError(Exception):
+class CelSyntaxError(TesseraError):
     def __init__(self, offset: int, message: str) -> None:
         super().__init__(message)
         self.offset = offset

@@ -7,9 +7,9 @@ from kubeletplugin.checkpoint import (
     ClaimState,
     GpuUse,
 )
+from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
-from kubeletplugin.types import PreparedDevice
 from tests.builders.claims import UID
 
 

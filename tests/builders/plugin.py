@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeletplugin.grpcservers import SocketPaths
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.paths import REPO
 

@@ -9,10 +9,11 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from driver.cdi import read_spec
+from kubeletplugin.draservice import claim_failure
+from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
-from kubeletplugin.types import ClaimRef, PrepareResult
 from tests.builders.claims import UID, inventory, make_claim
 from tests.paths import CDI_SCHEMA
 
@@ -43,9 +44,9 @@ def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwa
         tmp_path / "cdi",
         state_dir,
         "node-a",
-        kwargs.pop("mps", None) or FakeMpsControl(state_dir),
+        kwargs.pop("mps", None) or SimulatedMpsControl(state_dir),
         SimulatedMigManager(state_dir),
-        crash_hook=hook,
+        fault_hook=hook,
         **kwargs,
     )
 
@@ -55,7 +56,21 @@ def ref(uid: str = UID, name: str = "claim") -> ClaimRef:
 
 
 def prepare(state: DeviceState, results, configs=None, uid: str = UID, name: str = "claim") -> PrepareResult:
-    return state.prepare(ref(uid, name), make_claim(results, configs, uid=uid, name=name))
+    """DeviceState.prepare, a failure as the error text kubelet gets for it."""
+    claim_ref = ref(uid, name)
+    try:
+        return state.prepare(claim_ref, make_claim(results, configs, uid=uid, name=name))
+    except Exception as exc:
+        return PrepareResult(error=claim_failure("prepare", claim_ref, exc).message)
+
+
+def unprepare(state: DeviceState, claim_ref: ClaimRef) -> str:
+    """DeviceState.unprepare as kubelet sees it: "" or the error text."""
+    try:
+        state.unprepare(claim_ref)
+    except Exception as exc:
+        return claim_failure("unprepare", claim_ref, exc).message
+    return ""
 
 
 def spec_of(state: DeviceState, uid: str = UID) -> dict[str, Any]:
@@ -69,6 +84,6 @@ def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
 
 
-def fake_mps(state: DeviceState) -> FakeMpsControl:
-    assert isinstance(state.mps, FakeMpsControl)
+def simulated_mps(state: DeviceState) -> SimulatedMpsControl:
+    assert isinstance(state.mps, SimulatedMpsControl)
     return state.mps

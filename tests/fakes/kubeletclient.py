@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
 from proto.dra.v1beta1 import api_pb2 as v1beta1

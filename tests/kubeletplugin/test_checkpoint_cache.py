@@ -19,7 +19,7 @@ from kubeletplugin import checkpoint
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from kubeletplugin.migmanager import MigError
 from kubeletplugin.state import DeviceState
-from kubeletplugin.timeslicing import RecordingTimeSlicer
+from kubeletplugin.timeslicing import SimulatedTimeSlicer
 from tests.builders.claims import UID, gpu_config, result, share
 from tests.builders.state import make_state, prepare, ref
 
@@ -144,7 +144,7 @@ def test_prepare_and_unprepare_write_the_checkpoint_twice_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     profile, results, configs = CLAIMS[kind]
-    state = make_state(tmp_path, profile, timeslicer=RecordingTimeSlicer(tmp_path / "state"))
+    state = make_state(tmp_path, profile, timeslicer=SimulatedTimeSlicer(tmp_path / "state"))
     writes = WriteCounter(monkeypatch)
     got = prepare(state, results, configs)
     assert not got.error, got.error
@@ -156,14 +156,14 @@ def test_prepare_and_unprepare_write_the_checkpoint_twice_each(
     assert (completed.mps is not None) == (kind == "memory share (MPS)")
     assert bool(completed.time_slices) == (kind == "time slicing")
     writes.states.clear()
-    assert state.unprepare(ref()) == ""
+    state.unprepare(ref())
     assert writes.states == [{UID: "UnprepareStarted"}, {}]
 
 
 def test_time_slices_are_recorded_before_they_are_applied(tmp_path: Path) -> None:
     seen: list[tuple[tuple[str, str], ...]] = []
 
-    class Checking(RecordingTimeSlicer):
+    class Checking(SimulatedTimeSlicer):
         def set_interval(self, gpu_uuid: str, interval: str) -> None:
             recorded = CheckpointStore(tmp_path / "state").get(UID)
             assert recorded is not None

@@ -23,7 +23,7 @@ from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, _canonical
 from kubeletplugin.fsguard import UnsafeDirectoryError
 from kubeletplugin.mps import mps_paths
 from tests.builders.claims import UID, share
-from tests.builders.state import fake_mps, make_state, prepare
+from tests.builders.state import make_state, prepare, simulated_mps
 
 OTHER_UID = 65534
 ROOT_MOUNT = {"hostPath": "/", "containerPath": "/host", "options": ["rw", "rbind"]}
@@ -104,7 +104,7 @@ def test_a_checkpoint_someone_else_can_write_is_moved_aside(tmp_path: Path, how:
     assert list(state.state_dir.glob(f"{FILE_NAME}.corrupt-*"))
     # an untrusted checkpoint is no checkpoint: the node cleans up, kubelet prepares again
     assert report.orphan_specs_removed == [UID]
-    assert fake_mps(restarted).daemons() == {}
+    assert simulated_mps(restarted).daemons() == {}
     assert prepare(restarted, [share("gpu-0", "4Gi")]).error == ""
 
 

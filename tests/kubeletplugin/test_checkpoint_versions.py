@@ -66,6 +66,10 @@ def test_the_next_write_upgrades_the_file_and_keeps_it_readable_by_format_1(tmp_
     assert sorted(entries) == sorted([UID, UID2, "11111111-2222-4333-8444-555555555555"])
 
 
+# modules renamed after the previous build, old -> new
+MOVED_MODULES = {"kubeletplugin.types": "kubeletplugin.kubeletclaims"}
+
+
 def _previous_build_checkpoint_module() -> ModuleType:
     """kubeletplugin/checkpoint.py as the newest commit before format 2 had it, loaded from git."""
     from e2e.node.previous_build import NoPreviousBuild, last_commit_without
@@ -76,6 +80,9 @@ def _previous_build_checkpoint_module() -> ModuleType:
         pytest.skip(str(exc))
     source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:kubeletplugin/checkpoint.py"],
                             capture_output=True, text=True, check=True).stdout
+    # the old file imports the current tree: follow the modules renamed since
+    for old, new in MOVED_MODULES.items():
+        source = source.replace(f"from {old} import", f"from {new} import")
     spec = importlib.util.spec_from_loader(f"checkpoint_{commit[:8]}", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from driver.errors import TesseraError
 from driver.kubeapi import KubeAPI
 from kubeletplugin.draservice import DraService, base_request_names
 from kubeletplugin.grpcservers import SocketPaths, UnixSocketServer
+from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import PluginConnection, short_tmpdir
 
@@ -80,7 +81,7 @@ class ScriptedState:
         if self.on_prepare is not None:
             self.on_prepare(ref)
         if ref.uid in self.fail_with:
-            return PrepareResult(error=self.fail_with[ref.uid])
+            raise TesseraError(self.fail_with[ref.uid])
         devices = tuple(
             PreparedDevice(
                 request_names=(r["request"],),
@@ -96,11 +97,12 @@ class ScriptedState:
             self.prepared[ref.uid] = result
         return result
 
-    def unprepare(self, ref: ClaimRef) -> str:
+    def unprepare(self, ref: ClaimRef) -> None:
         with self.lock:
             self.unprepare_calls.append(ref.uid)
             self.prepared.pop(ref.uid, None)
-        return self.fail_with.get(ref.uid, "")
+        if ref.uid in self.fail_with:
+            raise TesseraError(self.fail_with[ref.uid])
 
 
 @dataclass
@@ -319,12 +321,58 @@ def test_unprepare_failure_is_reported_per_claim(rig: Rig) -> None:
 
 
 def test_unprepare_crash_is_a_claim_error(rig: Rig) -> None:
-    def boom(ref: ClaimRef) -> str:
-        raise OSError("read-only file system")
+    def boom(ref: ClaimRef) -> None:
+        raise KeyError("mig")
 
     rig.state.unprepare = boom  # type: ignore[method-assign]
     answer = rig.conn.unprepare([ClaimRef("default", "a", "uid-a")])
-    assert answer["uid-a"] == "internal error unpreparing ResourceClaim default/a: read-only file system"
+    assert answer["uid-a"] == "internal error unpreparing ResourceClaim default/a: 'mig'"
+
+
+def test_a_failing_disk_fails_the_claim_alone_with_a_retryable_error(rig: Rig) -> None:
+    claim = rig.api.add_claim(make_claim("full"))
+
+    def disk_full(ref: ClaimRef, *args: Any) -> None:
+        raise OSError(28, "No space left on device", "/var/lib/tessera/checkpoint.json")
+
+    rig.state.on_prepare = disk_full
+    rig.state.unprepare = disk_full  # type: ignore[method-assign]
+    answer = rig.conn.prepare([ref_of(claim)])
+    assert answer["uid-full"].error == (
+        "cannot prepare claim default/full: No space left on device (/var/lib/tessera/checkpoint.json); "
+        "kubelet will retry"
+    )
+    unprepared = rig.conn.unprepare([ref_of(claim)])
+    assert unprepared["uid-full"] == "[Errno 28] No space left on device: '/var/lib/tessera/checkpoint.json'"
+
+
+def test_each_failure_is_logged_once_by_the_grpc_layer(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubeletplugin.draservice
+
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    class Recorder:
+        def __init__(self, **context: Any) -> None:
+            self.context = context
+
+        def bind(self, **kw: Any) -> Recorder:
+            return Recorder(**self.context, **kw)
+
+        def __getattr__(self, level: str) -> Callable[..., None]:
+            def record(event: str, **kw: Any) -> None:
+                events.append((event, {**self.context, **kw, "level": level}))
+
+            return record
+
+    monkeypatch.setattr(kubeletplugin.draservice, "log", Recorder())
+    good, bad = rig.api.add_claim(make_claim("good")), rig.api.add_claim(make_claim("bad"))
+    rig.state.fail_with["uid-bad"] = "GPU gpu-0 is not on this node"
+    rig.conn.prepare([ref_of(good), ref_of(bad)])
+    by_claim = sorted((e[1]["claim"], e[0], e[1]["level"]) for e in events)
+    assert by_claim == [
+        ("default/bad", "claim not prepared", "warning"),
+        ("default/good", "claim prepared", "info"),
+    ]
 
 
 # -- concurrency and deadlines -----------------------------------------------------------------

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from driver.config import API_VERSION
 from driver.discovery import load_inventory
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.nodefiles import snapshot
 from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from kubeletplugin.faults import MPS_START, fail_at
 from kubeletplugin.mps import (
     MIB,
-    FakeMpsControl,
     MpsDaemon,
     MpsError,
     NvidiaMpsControl,
+    SimulatedMpsControl,
     control_commands,
     limit_mib,
     mps_paths,
@@ -117,8 +118,8 @@ def test_paths_refuse_unsafe_claim_uid(tmp_path):
 
 
 def test_fake_records_daemon_across_instances(tmp_path):
-    daemon = FakeMpsControl(tmp_path).start(UID, ["GPU-1", "GPU-0"], [4096, 2048], 30)
-    again = FakeMpsControl(tmp_path)
+    daemon = SimulatedMpsControl(tmp_path).start(UID, ["GPU-1", "GPU-0"], [4096, 2048], 30)
+    again = SimulatedMpsControl(tmp_path)
     assert again.is_running(UID)
     assert again.adopt(daemon)
     assert again.daemons() == {UID: daemon}
@@ -132,7 +133,7 @@ def test_fake_records_daemon_across_instances(tmp_path):
 
 
 def test_fake_stop_removes_record_and_dirs(tmp_path):
-    fake = FakeMpsControl(tmp_path)
+    fake = SimulatedMpsControl(tmp_path)
     daemon = fake.start(UID, ["GPU-0"], [1024], None)
     fake.stop(UID)
     fake.stop(UID)
@@ -142,18 +143,19 @@ def test_fake_stop_removes_record_and_dirs(tmp_path):
 
 
 def test_fake_adopt_refuses_a_daemon_with_other_settings(tmp_path):
-    fake = FakeMpsControl(tmp_path)
+    fake = SimulatedMpsControl(tmp_path)
     daemon = fake.start(UID, ["GPU-0"], [1024], None)
     assert not fake.adopt(MpsDaemon(**{**daemon.__dict__, "limits_mib": (2048,)}))
 
 
 def test_fake_injected_start_failure(tmp_path):
     with pytest.raises(MpsError, match="injected failure"):
-        FakeMpsControl(tmp_path, fail_start=True).start(UID, ["GPU-0"], [1], None)
+        failing = fail_at(MPS_START, MpsError("nvidia-cuda-mps-control -d exited with 1: (injected failure)"))
+        SimulatedMpsControl(tmp_path, fault_hook=failing).start(UID, ["GPU-0"], [1], None)
 
 
 @pytest.mark.parametrize(
-    ("uuids", "limits", "atp", "message"),
+    ("uuids", "limits", "thread_percentage", "message"),
     [
         ([], [], None, "at least one GPU"),
         (["GPU-0"], [1, 2], None, "1 GPUs but 2 memory limits"),
@@ -162,13 +164,13 @@ def test_fake_injected_start_failure(tmp_path):
         (["GPU-0"], [1], 0, "1..100"),
     ],
 )
-def test_bad_requests_are_refused(tmp_path, uuids, limits, atp, message):
+def test_bad_requests_are_refused(tmp_path, uuids, limits, thread_percentage, message):
     with pytest.raises(MpsError, match=message):
-        FakeMpsControl(tmp_path).start(UID, uuids, limits, atp)
+        SimulatedMpsControl(tmp_path).start(UID, uuids, limits, thread_percentage)
 
 
 def test_daemon_record_round_trip(tmp_path):
-    daemon = FakeMpsControl(tmp_path).start(UID, ["GPU-0"], [1024], 20)
+    daemon = SimulatedMpsControl(tmp_path).start(UID, ["GPU-0"], [1024], 20)
     assert MpsDaemon.from_dict(daemon.to_dict()) == daemon
 
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from kubeletplugin.grpcservers import SocketPaths
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.plugin import NODE, PluginProcess, add_share_claim, http_get, make_config, mps_records, uid
 from tests.fakes.apiserver import FakeApiServer, FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, registration_sockets

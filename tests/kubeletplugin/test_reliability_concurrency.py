@@ -25,7 +25,7 @@ import pytest
 
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import ClaimAnswer, KubeletClient, short_tmpdir

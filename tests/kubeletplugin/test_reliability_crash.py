@@ -31,11 +31,12 @@ import pytest
 
 from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
+from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl
-from kubeletplugin.state import PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
-from kubeletplugin.timeslicing import RecordingTimeSlicer
-from kubeletplugin.types import ClaimRef, PrepareResult
+from kubeletplugin.mps import SimulatedMpsControl
+from kubeletplugin.state import DeviceState
+from kubeletplugin.timeslicing import SimulatedTimeSlicer
 from tests.builders.claims import gpu_config, inventory, make_claim, result, share
 from tests.builders.plugin import NODE, PluginProcess, mps_records
 from tests.fakes.apiserver import FakeApiServer
@@ -146,14 +147,15 @@ class CountingHook:
 
 def node(root: Path, hook: Callable[[str], None]) -> DeviceState:
     state_dir = root / "state"
-    return DeviceState(inventory(PROFILE), root / "cdi", state_dir, "node-a", FakeMpsControl(state_dir),
-                       SimulatedMigManager(state_dir), crash_hook=hook, timeslicer=RecordingTimeSlicer(state_dir))
+    return DeviceState(inventory(PROFILE), root / "cdi", state_dir, "node-a", SimulatedMpsControl(state_dir),
+                       SimulatedMigManager(state_dir), fault_hook=hook, timeslicer=SimulatedTimeSlicer(state_dir))
 
 
 def run_op(state: DeviceState, op: Op) -> PrepareResult | str:
     if op.kind == "prepare":
         return state.prepare(op.plan.ref, op.plan.claim())
-    return state.unprepare(op.plan.ref)
+    state.unprepare(op.plan.ref)
+    return ""
 
 
 def reference_run(root: Path, ops: list[Op]) -> tuple[list[PrepareResult | str], list[str]]:
@@ -171,14 +173,14 @@ def assert_consistent(state: DeviceState, prepared: dict[str, ClaimPlan]) -> Non
     assert {e.state for e in entries.values()} <= {ClaimState.PREPARE_COMPLETED}
     assert sorted(claim_spec_uids(state.cdi_dir)) == sorted(prepared), "orphaned or missing CDI spec"
     mps_uids = sorted(u for u, p in prepared.items() if p.uses_mps)
-    assert isinstance(state.mps, FakeMpsControl)
+    assert isinstance(state.mps, SimulatedMpsControl)
     assert sorted(state.mps.daemons()) == mps_uids, "orphaned or missing MPS daemon record"
     mps_dir = state.state_dir / "mps"
     assert (sorted(p.name for p in mps_dir.iterdir()) if mps_dir.exists() else []) == mps_uids, "orphaned MPS dir"
     owned = sorted(m.uuid for e in entries.values() for m in e.migs)
     assert sorted(m.uuid for m in state.mig.created()) == owned, "MIG instance that no claim owns"
     assert len(owned) == sum(p.mig_count for p in prepared.values())
-    assert isinstance(state.timeslicer, RecordingTimeSlicer)
+    assert isinstance(state.timeslicer, SimulatedTimeSlicer)
     sliced = {u for e in entries.values() for u, _ in e.time_slices}
     assert set(state.timeslicer.intervals()) <= sliced, "time-slice interval left on a released card"
     for d in (state.cdi_dir, state.state_dir):

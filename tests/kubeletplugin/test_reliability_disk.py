@@ -21,10 +21,11 @@ import pytest
 
 from driver.cdi import claim_spec_uids, read_spec
 from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, ClaimState, encode
+from kubeletplugin.draservice import claim_failure
+from kubeletplugin.kubeletclaims import ClaimRef
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
-from kubeletplugin.types import ClaimRef
 from tests.builders.claims import inventory, make_claim, result, share
 
 UID = "00000000-0000-4000-8000-0000000d15c0"
@@ -33,13 +34,18 @@ UID2 = "00000000-0000-4000-8000-0000000d15c1"
 
 def node(root: Path) -> DeviceState:
     state_dir = root / "state"
-    return DeviceState(inventory("dgx-h100-8"), root / "cdi", state_dir, "node-a", FakeMpsControl(state_dir),
+    return DeviceState(inventory("dgx-h100-8"), root / "cdi", state_dir, "node-a", SimulatedMpsControl(state_dir),
                        SimulatedMigManager(state_dir))  # fmt: skip
 
 
 def prepare_share(state: DeviceState, uid: str = UID, device: str = "gpu-1") -> str:
-    return state.prepare(ClaimRef("team-a", uid[-4:], uid),
-                         make_claim([share(device, "4Gi")], uid=uid, name=uid[-4:])).error  # fmt: skip
+    """The error text kubelet gets for the prepare ("" when it succeeds)."""
+    ref = ClaimRef("team-a", uid[-4:], uid)
+    try:
+        state.prepare(ref, make_claim([share(device, "4Gi")], uid=uid, name=uid[-4:]))
+    except Exception as exc:
+        return claim_failure("prepare", ref, exc).message
+    return ""
 
 
 def leftovers(*dirs: Path) -> list[str]:
@@ -49,7 +55,7 @@ def leftovers(*dirs: Path) -> list[str]:
 def assert_holds_nothing(state: DeviceState) -> None:
     assert state.store.load() == {}
     assert claim_spec_uids(state.cdi_dir) == []
-    assert isinstance(state.mps, FakeMpsControl)
+    assert isinstance(state.mps, SimulatedMpsControl)
     assert state.mps.daemons() == {}
     assert leftovers(state.cdi_dir, state.state_dir) == []
 
@@ -62,7 +68,7 @@ def assert_failed_claim_gone(state: DeviceState, failed: str, kept: str, kept_sp
     assert entries[kept].state == ClaimState.PREPARE_COMPLETED
     assert claim_spec_uids(state.cdi_dir) == [kept]
     assert read_spec(state.cdi_dir, kept) == kept_spec
-    assert isinstance(state.mps, FakeMpsControl)
+    assert isinstance(state.mps, SimulatedMpsControl)
     assert sorted(state.mps.daemons()) == [kept]
 
 
@@ -221,10 +227,10 @@ def test_read_only_cdi_mount(tiny_tmpfs: Path) -> None:
     assert "Read-only file system" in error, error
     assert_failed_claim_gone(state, UID, UID2, read_spec(state.cdi_dir, UID2))
     # unprepare cannot delete the spec either: an error kubelet retries, the entry kept for the retry
-    unprepared = state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
-    assert "Read-only file system" in unprepared
+    with pytest.raises(OSError, match="Read-only file system"):
+        state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     subprocess.run(["mount", "-n", "-o", "remount,rw", str(tiny_tmpfs)], check=True)
-    assert state.unprepare(ClaimRef("team-a", UID2[-4:], UID2)) == ""
+    state.unprepare(ClaimRef("team-a", UID2[-4:], UID2))
     assert prepare_share(state) == ""
     assert claim_spec_uids(state.cdi_dir) == [UID]
 

@@ -12,16 +12,29 @@ import threading
 
 import pytest
 
+from driver.allocation import AllocationError
 from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
 from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.faults import MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
+from kubeletplugin.kubeletclaims import PreparedDevice, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl, MpsError, mps_paths
-from kubeletplugin.state import PREPARE_STEPS, UNPREPARE_STEPS, DeviceState
-from kubeletplugin.timeslicing import RecordingTimeSlicer, TimeSliceError
-from kubeletplugin.types import PreparedDevice, PrepareResult
+from kubeletplugin.mps import MpsError, SimulatedMpsControl, mps_paths
+from kubeletplugin.state import DeviceState
+from kubeletplugin.timeslicing import SimulatedTimeSlicer, TimeSliceError
 from tests.builders.claims import UID, gpu_config, inventory, make_claim, result, share
-from tests.builders.state import UID2, Crash, crash_at, env_of, fake_mps, make_state, prepare, ref, spec_of
+from tests.builders.state import (
+    UID2,
+    Crash,
+    crash_at,
+    env_of,
+    make_state,
+    prepare,
+    ref,
+    simulated_mps,
+    spec_of,
+    unprepare,
+)
 
 GIB = 1024**3
 
@@ -48,7 +61,7 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
     ]
     assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == gpu.uuid
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env_of(spec)
-    assert fake_mps(state).daemons() == {}
+    assert simulated_mps(state).daemons() == {}
     entry = state.prepared_claims()[UID]
     assert entry.state == ClaimState.PREPARE_COMPLETED
     assert entry.devices == got.devices
@@ -80,7 +93,7 @@ def test_memory_share_starts_an_mps_daemon_with_the_share_as_limit(tmp_path):
     got = prepare(state, [share("gpu-1", "12Gi")], [gpu_config(mps={"activeThreadPercentage": 25})])
     assert not got.error
     assert got.devices[0].share_id == "3f2c8a9e-5d41-4b7a-9e2f-6c0d1a2b3c4d"
-    daemon = fake_mps(state).daemons()[UID]
+    daemon = simulated_mps(state).daemons()[UID]
     gpu = inventory().gpu_by_index(1)
     assert daemon.gpu_uuids == (gpu.uuid,)
     assert daemon.limits_mib == (12 * 1024,)
@@ -97,7 +110,7 @@ def test_memory_share_starts_an_mps_daemon_with_the_share_as_limit(tmp_path):
 def test_fractional_share_limit_is_rounded_down_to_whole_mib(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", str(4 * GIB + 1024 * 1024 - 1))])
-    assert fake_mps(state).daemons()[UID].limits_mib == (4096,)
+    assert simulated_mps(state).daemons()[UID].limits_mib == (4096,)
 
 
 def test_four_card_share_runs_one_daemon_in_result_order(tmp_path):
@@ -107,7 +120,7 @@ def test_four_card_share_runs_one_daemon_in_result_order(tmp_path):
     got = prepare(state, results)
     assert [d.device_name for d in got.devices] == [f"gpu-{i}" for i in order]
     uuids = [inventory().gpu_by_index(i).uuid for i in order]
-    (daemon,) = fake_mps(state).daemons().values()
+    (daemon,) = simulated_mps(state).daemons().values()
     assert daemon.gpu_uuids == tuple(uuids)
     assert daemon.limits_mib == (4096, 4096, 4096, 4096)
     assert env_of(spec_of(state))["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
@@ -120,7 +133,7 @@ def test_two_shares_of_one_card_in_one_claim_add_up(tmp_path):
         [share("gpu-0", "4Gi", "a", "00000000-0000-4000-8000-00000000000a"), share("gpu-0", "2Gi", "b")],
     )
     assert len({d.cdi_device_ids for d in got.devices}) == 2
-    assert fake_mps(state).daemons()[UID].limits_mib == (6144,)
+    assert simulated_mps(state).daemons()[UID].limits_mib == (6144,)
 
 
 def test_static_mig_device_gets_its_capability_nodes(tmp_path):
@@ -149,7 +162,7 @@ def test_dynamic_mig_instance_is_created_at_prepare_and_destroyed_at_unprepare(t
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert f"/dev/nvidia-caps/nvidia-cap{3 + created.gpu_minor * 135 + created.gpu_instance_id * 9}" in nodes
     assert state.prepared_claims()[UID].migs == (created,)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.mig.created() == []
 
 
@@ -163,15 +176,15 @@ def test_overlapping_dynamic_mig_of_another_claim_fails_and_holds_nothing(tmp_pa
 
 
 def test_time_slicing_sets_the_interval_and_unprepare_resets_it(tmp_path):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     state = make_state(tmp_path, timeslicer=slicer)
     got = prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
     assert not got.error
-    assert fake_mps(state).daemons() == {}
+    assert simulated_mps(state).daemons() == {}
     gpu = inventory().gpus[0]
     assert slicer.intervals() == {gpu.uuid: "Long"}
     assert state.prepared_claims()[UID].time_slices == ((gpu.uuid, "Long"),)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert slicer.intervals() == {}
 
 
@@ -195,7 +208,7 @@ def test_time_slice_failure_fails_the_prepare_and_rolls_back(tmp_path):
 
 
 def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypatch):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     state = make_state(tmp_path, timeslicer=slicer)
     prepare(state, [result("gpu-0")], [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])
 
@@ -203,12 +216,12 @@ def test_unprepare_succeeds_when_the_interval_cannot_be_reset(tmp_path, monkeypa
         raise TimeSliceError("nvidia-smi exited with 4")
 
     monkeypatch.setattr(slicer, "set_interval", refuse)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.prepared_claims() == {}
 
 
 def test_recover_reapplies_time_slice_intervals(tmp_path):
-    slicer = RecordingTimeSlicer(tmp_path / "state")
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
     prepare(
         make_state(tmp_path, timeslicer=slicer),
         [result("gpu-2")],
@@ -222,7 +235,7 @@ def test_recover_reapplies_time_slice_intervals(tmp_path):
 def test_whole_gpu_with_mps_config_runs_a_daemon_limited_to_the_card(tmp_path):
     state = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")], [gpu_config(strategy="MPS")]).error
-    assert fake_mps(state).daemons()[UID].limits_mib == (inventory().gpus[0].memory_bytes // (1024 * 1024),)
+    assert simulated_mps(state).daemons()[UID].limits_mib == (inventory().gpus[0].memory_bytes // (1024 * 1024),)
 
 
 def test_driver_root_mounts_go_into_the_spec(tmp_path):
@@ -248,19 +261,23 @@ def test_repeated_prepare_returns_the_same_answer_without_side_effects(tmp_path)
     state = make_state(tmp_path)
     first = prepare(state, [share("gpu-1", "8Gi")])
     spec_file = spec_path(state.cdi_dir, UID)
-    before = (spec_file.stat().st_mtime_ns, state.store.path.stat().st_mtime_ns, fake_mps(state).registry.read_bytes())
+    before = (
+        spec_file.stat().st_mtime_ns, state.store.path.stat().st_mtime_ns, simulated_mps(state).registry.read_bytes()
+    )
     again = make_state(tmp_path)  # a restarted plugin asked again by kubelet
     assert prepare(again, [share("gpu-1", "8Gi")]) == first
-    after = (spec_file.stat().st_mtime_ns, state.store.path.stat().st_mtime_ns, fake_mps(state).registry.read_bytes())
+    after = (
+        spec_file.stat().st_mtime_ns, state.store.path.stat().st_mtime_ns, simulated_mps(state).registry.read_bytes()
+    )
     assert after == before
 
 
 def test_unprepare_removes_spec_daemon_and_entry(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert read_spec(state.cdi_dir, UID) is None
-    assert fake_mps(state).daemons() == {}
+    assert simulated_mps(state).daemons() == {}
     assert not mps_paths(state.state_dir, UID).root.exists()
     assert state.prepared_claims() == {}
 
@@ -268,21 +285,21 @@ def test_unprepare_removes_spec_daemon_and_entry(tmp_path):
 def test_unprepare_twice_and_of_unknown_claims_succeeds(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [result("gpu-0")])
-    assert state.unprepare(ref()) == ""
-    assert state.unprepare(ref()) == ""
-    assert state.unprepare(ref(UID2)) == ""
+    assert unprepare(state, ref()) == ""
+    assert unprepare(state, ref()) == ""
+    assert unprepare(state, ref(UID2)) == ""
 
 
 def test_unprepare_of_unknown_claim_removes_its_stray_spec(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [result("gpu-0")])
     state.store.drop(UID)
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert read_spec(state.cdi_dir, UID) is None
 
 
 def test_unprepare_with_unsafe_uid_is_an_error(tmp_path):
-    assert "is not a plain token" in make_state(tmp_path).unprepare(ref("../../etc"))
+    assert "is not a plain token" in unprepare(make_state(tmp_path), ref("../../etc"))
 
 
 def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch):
@@ -294,9 +311,9 @@ def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch)
 
     with monkeypatch.context() as patch:
         patch.setattr(state.mps, "stop", failing_stop)
-        assert state.unprepare(ref()) == "quit timed out"
+        assert unprepare(state, ref()) == "quit timed out"
     assert state.prepared_claims()[UID].state == ClaimState.UNPREPARE_STARTED
-    assert state.unprepare(ref()) == ""
+    assert unprepare(state, ref()) == ""
     assert state.prepared_claims() == {}
 
 
@@ -305,9 +322,8 @@ def test_unprepare_failure_is_reported_and_can_be_retried(tmp_path, monkeypatch)
 
 def test_replaced_claim_is_an_error_in_the_result(tmp_path):
     state = make_state(tmp_path)
-    got = state.prepare(ref(UID2), make_claim([result("gpu-0")], uid=UID))
-    assert "the claim was replaced" in got.error
-    assert got.devices == ()
+    with pytest.raises(AllocationError, match="the claim was replaced"):
+        state.prepare(ref(UID2), make_claim([result("gpu-0")], uid=UID))
     assert state.prepared_claims() == {}
 
 
@@ -342,7 +358,8 @@ def test_different_thread_percentages_in_one_claim_is_an_error(tmp_path):
 
 def test_failed_mps_start_rolls_the_claim_back(tmp_path):
     state_dir = tmp_path / "state"
-    state = make_state(tmp_path, mps=FakeMpsControl(state_dir, fail_start=True))
+    failing = fail_at(MPS_START, MpsError("nvidia-cuda-mps-control -d exited with 1: (injected failure)"))
+    state = make_state(tmp_path, mps=SimulatedMpsControl(state_dir, fault_hook=failing))
     got = prepare(state, [share("gpu-1", "8Gi")])
     assert "injected failure" in got.error
     assert read_spec(state.cdi_dir, UID) is None
@@ -360,7 +377,7 @@ def test_unexpected_exception_becomes_an_internal_error(tmp_path, monkeypatch):
     monkeypatch.setattr(state.mig, "create", broken)
     state.inventory = inventory("h100-16-mig")
     got = prepare(state, [result("gpu-0-mig-1g10gb-0")])
-    assert got.error.startswith("internal error while preparing claim team-a/claim: ZeroDivisionError")
+    assert got.error == "internal error preparing ResourceClaim team-a/claim: oops"
     assert state.prepared_claims() == {}
 
 
@@ -389,7 +406,7 @@ def test_two_shares_of_one_card_from_different_claims_coexist(tmp_path):
     state = make_state(tmp_path)
     assert not prepare(state, [share("gpu-4", "8Gi")]).error
     assert not prepare(state, [share("gpu-4", "8Gi")], uid=UID2, name="other").error
-    assert len(fake_mps(state).daemons()) == 2
+    assert len(simulated_mps(state).daemons()) == 2
 
 
 def test_exclusive_claim_is_accepted_once_the_share_is_released(tmp_path):
@@ -420,7 +437,7 @@ def test_crash_during_prepare_is_rolled_back_by_recover(tmp_path, step):
     assert restarted.prepared_claims() == {}
     assert claim_spec_uids(restarted.cdi_dir) == []
     assert restarted.mig.created() == []
-    assert fake_mps(restarted).daemons() == {}
+    assert simulated_mps(restarted).daemons() == {}
     assert not prepare(restarted, results).error
 
 
@@ -430,7 +447,7 @@ def test_crash_during_share_prepare_leaves_no_daemon_after_recover(tmp_path, ste
         prepare(make_state(tmp_path, hook=crash_at(step)), [share("gpu-1", "8Gi")])
     restarted = make_state(tmp_path)
     restarted.recover()
-    assert fake_mps(restarted).daemons() == {}
+    assert simulated_mps(restarted).daemons() == {}
     assert not mps_paths(restarted.state_dir, UID).root.exists()
     assert claim_spec_uids(restarted.cdi_dir) == []
 
@@ -453,15 +470,15 @@ def test_retried_share_prepare_after_crash_has_one_daemon(tmp_path, step):
         prepare(make_state(tmp_path, hook=crash_at(step)), [share("gpu-1", "8Gi")])
     retry = make_state(tmp_path)
     assert not prepare(retry, [share("gpu-1", "8Gi")]).error
-    assert list(fake_mps(retry).daemons()) == [UID]
-    assert retry.prepared_claims()[UID].mps == fake_mps(retry).daemons()[UID]
+    assert list(simulated_mps(retry).daemons()) == [UID]
+    assert retry.prepared_claims()[UID].mps == simulated_mps(retry).daemons()[UID]
 
 
 @pytest.mark.parametrize("step", UNPREPARE_STEPS)
 def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
     state = make_state(tmp_path, "h100-16-mig")
     prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")])
-    state.crash_hook = crash_at(step)
+    state.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     restarted = make_state(tmp_path, "h100-16-mig")
@@ -475,13 +492,13 @@ def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
 def test_retried_unprepare_after_crash_succeeds(tmp_path, step):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    state.crash_hook = crash_at(step)
+    state.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
-    assert retry.unprepare(ref()) == ""
+    assert unprepare(retry, ref()) == ""
     assert retry.prepared_claims() == {}
-    assert fake_mps(retry).daemons() == {}
+    assert simulated_mps(retry).daemons() == {}
 
 
 def test_recover_rewrites_specs_that_vanished_with_tmpfs(tmp_path):
@@ -504,12 +521,12 @@ def test_recover_leaves_intact_claims_alone(tmp_path):
 def test_recover_restarts_a_vanished_mps_daemon_with_the_same_limits(tmp_path):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-0", "4Gi"), share("gpu-3", "6Gi", "b", "00000000-0000-4000-8000-00000000000b")])
-    before = fake_mps(state).daemons()[UID]
-    fake_mps(state).registry.unlink()  # the daemons died with the node
+    before = simulated_mps(state).daemons()[UID]
+    simulated_mps(state).registry.unlink()  # the daemons died with the node
     restarted = make_state(tmp_path)
     report = restarted.recover()
     assert report.mps_restarted == [UID]
-    assert fake_mps(restarted).daemons()[UID] == before
+    assert simulated_mps(restarted).daemons()[UID] == before
 
 
 def test_recover_recreates_a_vanished_dynamic_mig_instance_and_updates_the_spec(tmp_path):
@@ -539,7 +556,7 @@ def test_recover_removes_orphans(tmp_path):
     orphan_uid = "deadbeef-0000-4000-8000-000000000000"
     write_spec(state.cdi_dir, orphan_uid, read_spec(state.cdi_dir, UID) or {})
     (state.cdi_dir / "k8s.other.com-claim_x.json").write_text("{}")
-    fake_mps(state).start(orphan_uid, ["GPU-x"], [10], None)
+    simulated_mps(state).start(orphan_uid, ["GPU-x"], [10], None)
     gpu = inventory("h100-16-mig").gpu_by_index(3)
     from driver.mig import layout_for
 
@@ -588,7 +605,7 @@ def test_concurrent_prepares_keep_the_checkpoint_consistent(tmp_path):
     assert sorted(entries) == sorted(uids)
     assert all(e.state == ClaimState.PREPARE_COMPLETED for e in entries.values())
     assert sorted(claim_spec_uids(state.cdi_dir)) == sorted(uids)
-    assert sorted(fake_mps(state).daemons()) == sorted(uids)
+    assert sorted(simulated_mps(state).daemons()) == sorted(uids)
 
 
 def test_concurrent_exclusive_claims_on_one_gpu_let_exactly_one_win(tmp_path):

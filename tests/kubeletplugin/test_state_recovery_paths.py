@@ -15,7 +15,7 @@ import pytest
 from kubeletplugin.checkpoint import FILE_NAME
 from kubeletplugin.state import DeviceState
 from tests.builders.claims import UID, gpu_config, inventory, result, share
-from tests.builders.state import UID2, Crash, crash_at, env_of, fake_mps, make_state, prepare, ref, spec_of
+from tests.builders.state import UID2, Crash, crash_at, env_of, make_state, prepare, ref, simulated_mps, spec_of
 
 MIG = "h100-16-mig"
 
@@ -71,12 +71,12 @@ def test_restore_of_a_dynamic_mig_share_under_mps_restarts_its_daemon_on_the_new
     assert not prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")], mps).error
     (old,) = state.mig.created()
     state.mig.destroy(old)
-    fake_mps(state).registry.unlink()  # the node rebooted: instance and daemon gone
+    simulated_mps(state).registry.unlink()  # the node rebooted: instance and daemon gone
     restarted = make_state(tmp_path, MIG)
     report = restarted.recover()
     assert report.mps_restarted == [UID]
     (new,) = restarted.mig.created()
-    daemon = fake_mps(restarted).daemons()[UID]
+    daemon = simulated_mps(restarted).daemons()[UID]
     assert daemon.gpu_uuids == (new.uuid,)
     assert daemon.active_thread_percentage == 40
     assert restarted.prepared_claims()[UID].mps == daemon
@@ -86,11 +86,11 @@ def test_restore_restarts_a_daemon_with_its_thread_percentage(tmp_path: Path) ->
     state = make_state(tmp_path)
     config = [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 25})]
     assert not prepare(state, [share("gpu-0", "4Gi")], config).error
-    before = fake_mps(state).daemons()[UID]
-    fake_mps(state).registry.unlink()
+    before = simulated_mps(state).daemons()[UID]
+    simulated_mps(state).registry.unlink()
     restarted = make_state(tmp_path)
     assert restarted.recover().mps_restarted == [UID]
-    assert fake_mps(restarted).daemons()[UID] == before
+    assert simulated_mps(restarted).daemons()[UID] == before
     assert before.active_thread_percentage == 25
 
 
@@ -169,20 +169,21 @@ def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(
 
 
 def test_logs_name_the_claim_and_the_orphan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubeletplugin.recovery
     import kubeletplugin.state
 
     state: DeviceState = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")]).error
     recorder = Recorder()
     monkeypatch.setattr(kubeletplugin.state, "log", recorder)
-    assert state.unprepare(ref()) == ""
+    monkeypatch.setattr(kubeletplugin.recovery, "log", recorder)
+    state.unprepare(ref())
     (state.cdi_dir / f"gpu.tessera.dev-claim_{UID2}.json").write_text("{}")
-    assert state.unprepare(ref(UID2, "stray")) == ""
+    state.unprepare(ref(UID2, "stray"))
     (state.state_dir / "mps" / "not a uid").mkdir(parents=True)
     state.recover()
     events = {e["event"]: e for e in recorder.events}
-    assert events["claim unprepared"]["claim_uid"] == UID
-    assert events["claim unprepared"]["claim"] == "team-a/claim"
+    assert "claim unprepared" not in events  # the gRPC layer logs the outcome, once
     stray = events["removed a CDI spec of a claim not in the checkpoint"]
     assert (stray["claim_uid"], stray["claim"]) == (UID2, "team-a/stray")
     failed = events["orphan cleanup failed"]

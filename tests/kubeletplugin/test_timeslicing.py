@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, RecordingTimeSlicer, TimeSliceError
+from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, SimulatedTimeSlicer, TimeSliceError
 
 FAKE_SMI = """#!{python}
 import os, sys
@@ -63,13 +63,13 @@ def test_unknown_interval_is_refused_before_running_anything(tmp_path, smi):
 
 
 def test_recorder_keeps_non_default_intervals_across_instances(tmp_path):
-    RecordingTimeSlicer(tmp_path).set_interval("GPU-a", "Long")
-    RecordingTimeSlicer(tmp_path).set_interval("GPU-b", "Short")
-    assert RecordingTimeSlicer(tmp_path).intervals() == {"GPU-a": "Long", "GPU-b": "Short"}
-    RecordingTimeSlicer(tmp_path).set_interval("GPU-a", "Default")
-    assert RecordingTimeSlicer(tmp_path).intervals() == {"GPU-b": "Short"}
+    SimulatedTimeSlicer(tmp_path).set_interval("GPU-a", "Long")
+    SimulatedTimeSlicer(tmp_path).set_interval("GPU-b", "Short")
+    assert SimulatedTimeSlicer(tmp_path).intervals() == {"GPU-a": "Long", "GPU-b": "Short"}
+    SimulatedTimeSlicer(tmp_path).set_interval("GPU-a", "Default")
+    assert SimulatedTimeSlicer(tmp_path).intervals() == {"GPU-b": "Short"}
 
 
 def test_recorder_refuses_unknown_interval(tmp_path):
     with pytest.raises(TimeSliceError):
-        RecordingTimeSlicer(tmp_path).set_interval("GPU-a", "Sometimes")
+        SimulatedTimeSlicer(tmp_path).set_interval("GPU-a", "Sometimes")

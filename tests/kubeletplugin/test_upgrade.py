@@ -21,10 +21,10 @@ import pytest
 from driver.cdi import read_spec
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.grpcservers import SocketPaths
+from kubeletplugin.kubeletclaims import ClaimRef
 from kubeletplugin.migmanager import SimulatedMigManager
-from kubeletplugin.mps import FakeMpsControl
+from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
-from kubeletplugin.types import ClaimRef
 from tests.builders.claims import inventory, make_claim, share
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
@@ -113,7 +113,7 @@ def test_two_instances_register_separately_and_the_old_one_leaves_only_its_own_s
 CLAIM = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
 
 
-class CountingMps(FakeMpsControl):
+class CountingMps(SimulatedMpsControl):
     started: list[str] = []
 
     def start(self, claim_uid: str, *args: Any, **kwargs: Any) -> Any:
@@ -133,7 +133,7 @@ def instance_state(tmp_path: Path, hook: Callable[[str], None] = lambda _: None)
     """One instance's DeviceState: its own objects, the node's shared directories."""
     state_dir = tmp_path / "state"
     return DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a", CountingMps(state_dir),
-                       SimulatedMigManager(state_dir), crash_hook=hook)  # fmt: skip
+                       SimulatedMigManager(state_dir), fault_hook=hook)  # fmt: skip
 
 
 def share_claim() -> dict[str, Any]:
@@ -182,18 +182,18 @@ def test_a_claim_sent_to_both_instances_is_prepared_once(tmp_path: Path) -> None
     assert first_answer[0] == second_answer[0] and not first_answer[0].error
     assert CountingMps.started == [CLAIM]
     # and the new instance unprepares what the old one prepared
-    assert new.unprepare(ref) == ""
+    new.unprepare(ref)
     assert read_spec(tmp_path / "cdi", CLAIM) is None and not old.mps.is_running(CLAIM)
 
 
 def test_recovering_claims_while_serving_holds_up_no_other_claim(tmp_path: Path) -> None:
     first = instance_state(tmp_path)
     assert not first.prepare(ClaimRef("team-a", "claim", CLAIM), share_claim()).error
-    FakeMpsControl(tmp_path / "state").stop(CLAIM)  # its daemon died with the old pod's container
+    SimulatedMpsControl(tmp_path / "state").stop(CLAIM)  # its daemon died with the old pod's container
 
     in_restart, release = threading.Event(), threading.Event()
 
-    class SlowMps(FakeMpsControl):
+    class SlowMps(SimulatedMpsControl):
         def start(self, claim_uid: str, *args: Any, **kwargs: Any) -> Any:
             if claim_uid == CLAIM:
                 in_restart.set()
@@ -220,7 +220,7 @@ def test_recovering_claims_while_serving_holds_up_no_other_claim(tmp_path: Path)
 
 def test_record_files_written_by_both_instances_lose_no_update(tmp_path: Path) -> None:
     # two objects, as in two processes: only the file lock orders their read-modify-writes
-    controls = [FakeMpsControl(tmp_path), FakeMpsControl(tmp_path)]
+    controls = [SimulatedMpsControl(tmp_path), SimulatedMpsControl(tmp_path)]
     uids = [f"0a1b2c3d-0000-4000-8000-{n:012d}" for n in range(64)]
 
     def start(n: int) -> None:
@@ -306,7 +306,7 @@ def test_the_new_instance_restarts_mps_daemons_that_died_with_the_old_one(root: 
         assert new.state.mps.is_running(CLAIM)
         old.stop()
         # the old pod's container goes, and the MPS daemon it started goes with it
-        FakeMpsControl(root / "state").stop(CLAIM)
+        SimulatedMpsControl(root / "state").stop(CLAIM)
         wait_until(lambda: new.state.mps.is_running(CLAIM), "the new instance to restart the claim's MPS daemon")
         assert read_spec(root / "cdi", CLAIM) is not None
         assert new.state.prepared_claims()[CLAIM].state == ClaimState.PREPARE_COMPLETED

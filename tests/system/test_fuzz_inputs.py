@@ -32,7 +32,7 @@ from controller.admission import ENDPOINTS, AdmissionHandler, ReviewError
 from driver.config import API_VERSION, ConfigError, GpuConfig, decode_gpu_config
 from driver.discovery import DiscoveryError, load_inventory
 from driver.model import Inventory
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.admission import claim as admission_claim
 from tests.builders.admission import multicard_spec, review
 from tests.builders.nodefiles import snapshot

@@ -27,7 +27,7 @@ import pytest
 from controller.admission import AdmissionHandler
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
 from driver.cel.analysis import MAX_EXPRESSION_BYTES
-from kubeletplugin.types import ClaimRef
+from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.plugin import NODE, add_share_claim, make_config, uid
 from tests.builders.webhook import CA
 from tests.fakes.apiserver import FakeKubeAPI

@@ -7,10 +7,11 @@ import copy
 
 import pytest
 
+from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.celtext import split_conjuncts
 from controller.cluster.devicegroups import dedup_safe, shapes
 from controller.cluster.inventory import DeviceIndex
-from controller.cluster.matching import CapacityNeed, Condition, Evaluator, Requirement, capacity_shortfall, match
+from controller.cluster.matching import Condition, Evaluator, Requirement, capacity_shortfall, match
 from driver.cel import compile_selector
 
 D = 'device.attributes["gpu.tessera.dev"]'

@@ -1,4 +1,5 @@
-"""What the node agent hands back to kubelet for one claim; shared by DeviceState and the gRPC layer."""
+"""A claim as kubelet names it (ClaimRef) and the node agent's answer for it (PrepareResult of PreparedDevice);
+shared by DeviceState and the gRPC layer."""
 
 from __future__ import annotations
 
