@@ -30,6 +30,7 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy driver kubeletplugin controller tessera hack benchmarks
+	$(PY) -m hack.import_cycles
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -68,7 +69,7 @@ soak: $(STAMP) harness
 	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak
 
 # Mutation testing (mutmut, configured in pyproject's [tool.mutmut]) of kubeletplugin/state.py,
-# kubeletplugin/checkpoint.py, driver/config.py and controller/multicard.py against their own tests.
+# kubeletplugin/checkpoint.py, driver/config.py and controller/checks/multicard.py against their own tests.
 # Slow (most of an hour on 2 cores), so not part of `make test`; docs/reliability.md has the score.
 MUTMUT_CHILDREN ?= 2
 mutation: $(STAMP)

@@ -16,10 +16,10 @@ from typing import Any
 from benchmarks.stats import Summary, summarize, table
 from benchmarks.webhook_bench import CASES, GPU_CLASS, _renamed
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 
@@ -64,9 +64,9 @@ def measure(gpus: int, repeat: int) -> AdmissionResult:
     t0 = time.perf_counter()
     index = DeviceIndex.from_slices(slices)
     build_s = time.perf_counter() - t0
-    prototypes = prototype_index()
+    sample_devices = sample_index()
     handler = AdmissionHandler(lambda: CheckContext(
-        schema=published_schema(), prototypes=prototypes, inventory=index,
+        schema=published_schema(), samples=sample_devices, inventory=index,
         classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True))
     reviews = {}
     for name, body in CASES.items():

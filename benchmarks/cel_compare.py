@@ -3,7 +3,7 @@
 same inputs in the same run.
 
 Inputs: every selector of the shipped DeviceClasses (deviceclasses/*.yaml) on every device of a
-DGX H100 and a dynamic-MIG H100 node, and every corpus case (tests/cel/corpus.json) that compiles.
+DGX H100 and a dynamic-MIG H100 node, and every corpus case (tests/driver/cel/corpus.json) that compiles.
 
 Go runs as one process per batch, so its per-evaluation time is taken from two batches of different
 size: (time(K copies) - time(1 copy)) / ((K - 1) * cases). That removes process start and
@@ -29,6 +29,7 @@ from benchmarks.stats import table
 from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
 from driver.discovery import load_inventory
 from driver.slices import build_slices
+from tests.driver.cel.corpus import load as load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "gpu.tessera.dev"
@@ -91,7 +92,7 @@ def _slice_device(device: dict[str, Any]) -> dict[str, Any]:
 def corpus_cases() -> list[Case]:
     """Corpus cases that compile on both engines (a compile error evaluates nothing)."""
     out = []
-    for case in json.loads((REPO / "tests" / "cel" / "corpus.json").read_text()):
+    for case in load_corpus(REPO / "tests" / "driver" / "cel" / "corpus.json"):
         try:
             for engine in ENGINES:
                 compile_selector(case["expression"], engine=engine)
@@ -169,9 +170,9 @@ def run(harness: Path | None, budget_s: float, copies: int, *, include_heavy: bo
     light = [c for c in corpus if c.name not in HEAVY]
     heavy = [c for c in corpus if c.name in HEAVY]
     sets = [("shipped DeviceClass selectors x node devices", shipped_cases()),
-            ("tests/cel corpus, compiling cases but the heavy one", light)]
+            ("tests/driver/cel corpus, compiling cases but the heavy one", light)]
     if include_heavy:
-        sets.append((f"tests/cel corpus: {', '.join(sorted(HEAVY))}", heavy))
+        sets.append((f"tests/driver/cel corpus: {', '.join(sorted(HEAVY))}", heavy))
     for label, cases in sets:
         rates = {engine: python_rate(engine, cases, budget_s) for engine in ENGINES}
         if harness is not None:

@@ -2,7 +2,7 @@
 
 The plugin side is tessera's own: DraService behind a UnixSocketServer, and the DeviceState a
 simulated node runs (file-backed MPS and MIG stand-ins, real CDI and checkpoint files on disk). The
-claims come either from an in-memory apiserver (benchmarks.memapi: tessera's own cost) or from a
+claims come either from an in-memory apiserver (tests.fakes.apiserver: tessera's own cost) or from a
 real kube-apiserver (the GET over HTTPS included), selected by the `api` given to `run()`.
 
 Per claim shape (whole GPU, dynamic MIG, one memory share, a 4-card share) it reports prepare and
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from benchmarks.memapi import MemoryKubeAPI
 from benchmarks.stats import SUMMARY_HEADERS, Summary, summarize, table
 from driver import DRIVER_NAME
 from driver.discovery import load_inventory
@@ -41,6 +40,7 @@ from kubeletplugin.plugin import PluginConfig, build_device_state
 from kubeletplugin.state import DeviceState
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
+from tests.fakes.apiserver import FakeKubeAPI
 
 if TYPE_CHECKING:
     from e2e.kube import Kube
@@ -115,7 +115,7 @@ class ClaimSource:
         self.add = add
 
     @classmethod
-    def memory(cls, api: MemoryKubeAPI) -> ClaimSource:
+    def memory(cls, api: FakeKubeAPI) -> ClaimSource:
         def add(claim: Obj, allocation: Obj) -> str:
             uid = str(uuid.uuid4())
             meta = {**claim["metadata"], "uid": uid}
@@ -218,10 +218,11 @@ class StepTimer:
 @contextlib.contextmanager
 def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
     """Patch timing wrappers around the steps of a prepare/unprepare; everything is restored after."""
+    import kubeletplugin.claimdevices as devices_mod
     import kubeletplugin.state as state_mod
     from kubeletplugin.checkpoint import CheckpointStore
     from kubeletplugin.migmanager import SimulatedMigManager
-    from kubeletplugin.mps import FakeMpsControl
+    from kubeletplugin.mps import SimulatedMpsControl
 
     targets: list[tuple[Any, str, str]] = [
         (api, "get_resource_claim", "apiserver GET claim"),
@@ -230,8 +231,9 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
         (state_mod, "parse_claim_allocation", "allocation + config parse"),
         (state_mod, "write_spec", "CDI spec write (fsync)"),
         (state_mod, "remove_spec", "CDI spec delete (fsync dir)"),
-        (FakeMpsControl, "start", "MPS daemon start (fake)"),
-        (FakeMpsControl, "stop", "MPS daemon stop (fake)"),
+        (devices_mod, "remove_spec", "CDI spec delete (fsync dir)"),
+        (SimulatedMpsControl, "start", "MPS daemon start (fake)"),
+        (SimulatedMpsControl, "stop", "MPS daemon stop (fake)"),
         (SimulatedMigManager, "create", "MIG create (simulated)"),
         (SimulatedMigManager, "destroy", "MIG destroy (simulated)"),
     ]
@@ -403,7 +405,7 @@ def run(api: KubeAPI, source: ClaimSource, api_kind: str, *, claims: int, node_p
 
 
 def run_in_memory(claims: int, concurrency: tuple[int, ...] = CONCURRENCY, burst: int = 64) -> PrepareReport:
-    api = MemoryKubeAPI()
+    api = FakeKubeAPI(record_calls=False)
     return run(api, ClaimSource.memory(api), "in-memory apiserver", claims=claims, concurrency=concurrency,
                burst=burst)
 

@@ -2,7 +2,7 @@
 all are back, for the whole-GPU DGX H100, its dynamic-MIG slice set and the 16-GPU MIG node.
 
 Against a real kube-apiserver (benchmarks.controlplane) and, as the reference that isolates
-tessera's own cost, against the in-memory apiserver of benchmarks.memapi.
+tessera's own cost, against the in-memory apiserver of tests.fakes.apiserver.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from benchmarks import controlplane
-from benchmarks.memapi import MemoryKubeAPI
 from benchmarks.stats import Summary, summarize, table
 from driver.discovery import load_inventory
 from driver.kubeapi import KubeAPI
 from driver.slices import build_slices
 from kubeletplugin.publisher import Publisher
+from tests.fakes.apiserver import FakeKubeAPI
 
 if TYPE_CHECKING:
     from e2e.cluster import ControlPlane
@@ -53,7 +53,7 @@ class Backend:
 
 
 def memory_backend() -> Backend:
-    api = MemoryKubeAPI()
+    api = FakeKubeAPI(record_calls=False)
 
     def wait(node: str, count: int) -> float:
         deadline = time.monotonic() + 60

@@ -8,7 +8,7 @@ pod, once with a 10Gi memory share (consumable capacity) per pod. The figure is 
 second from the first pod created to the last one bound.
 
 Upstream context (kubernetes scheduler_perf, test driver with 10 devices per node, one device per
-claim, 500 nodes): 40-80 pods/s, see /work/shared/docs/dra-api.md section 6.3.
+claim, 500 nodes): 40-80 pods/s, from kubernetes test/integration/scheduler_perf/dra/performance-config.yaml.
 """
 
 from __future__ import annotations

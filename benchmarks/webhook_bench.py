@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.inventory import DeviceIndex
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 
@@ -75,9 +75,9 @@ def main() -> None:
     started = time.perf_counter()
     index = inventory(args.nodes)
     built = time.perf_counter() - started
-    prototypes = prototype_index()
+    sample_devices = sample_index()
     handler = AdmissionHandler(lambda: CheckContext(
-        schema=published_schema(), prototypes=prototypes, inventory=index,
+        schema=published_schema(), samples=sample_devices, inventory=index,
         classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True))
     print(f"inventory: {len(index)} devices on {len(index.nodes)} nodes (built in {built:.2f} s)")
     print(f"{'review':40} {'median ms':>10} {'max ms':>10}  outcome")

@@ -36,9 +36,9 @@ import structlog
 from benchmarks.stats import SUMMARY_HEADERS, Summary, machine, summarize, table
 from benchmarks.webhook_bench import GPU_CLASS, inventory
 from controller.admission import AdmissionHandler
-from controller.context import CheckContext
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
+from controller.checks.inputs import CheckContext
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, WebhookServer
 
 A = 'device.attributes["gpu.tessera.dev"]'
@@ -159,9 +159,9 @@ def measure(client: Client, samples: int, outcomes: Counter[str]) -> tuple[Summa
 def run(hostile_clients: int = 64, samples: int = 200, nodes: int = 125,
         selectors: tuple[str, ...] = tuple(HOSTILE), settle_s: float = 3.0) -> LoadResult:
     index = inventory(nodes)
-    prototypes = prototype_index()
+    sample_devices = sample_index()
     handler = AdmissionHandler(lambda: CheckContext(
-        schema=published_schema(), prototypes=prototypes, inventory=index,
+        schema=published_schema(), samples=sample_devices, inventory=index,
         classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True))
     with tempfile.TemporaryDirectory(prefix="tessera-load-") as d:
         cert, key, pem = certificate(Path(d))

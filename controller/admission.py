@@ -25,12 +25,13 @@ from typing import Any, Literal
 
 import structlog
 
-from controller.claimchecks import check_claim_spec, targets_tessera
-from controller.classchecks import check_device_class
-from controller.context import CheckContext
-from controller.findings import Finding
-from controller.matching import ReviewDeadlineExceeded
-from controller.multicard import ANNOTATION, rewrite_claim_spec
+from controller.checks.claims import check_claim_spec
+from controller.checks.classes import check_device_class
+from controller.checks.findings import Finding
+from controller.checks.inputs import CheckContext
+from controller.checks.multicard import ANNOTATION, rewrite_claim_spec
+from controller.cluster.matching import ReviewDeadlineExceeded
+from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +47,7 @@ OnDeadline = Literal["deny", "allow"]
 ON_DEADLINE: tuple[OnDeadline, ...] = ("deny", "allow")
 
 
-class ReviewError(ValueError):
+class ReviewError(InvalidInputError):
     """The request body is not an AdmissionReview v1 request (answered with HTTP 400)."""
 
 
@@ -164,7 +165,7 @@ class AdmissionHandler:
 
 
 def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:
-    result = rewrite_claim_spec(spec, path, lambda name: targets_tessera(ctx, name))
+    result = rewrite_claim_spec(spec, path, ctx.targets_tessera)
     if result.findings:
         return _judged(result.findings, kind, _name(obj))
     if not result.changed:

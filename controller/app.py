@@ -7,11 +7,11 @@ from typing import Any
 import structlog
 
 from controller.admission import AdmissionHandler, OnDeadline
-from controller.context import CheckContext
-from controller.informer import ClusterCache, ClusterReader
+from controller.checks.inputs import CheckContext
+from controller.cluster.informer import ClusterCache, ClusterReader
+from controller.cluster.sampledevices import sample_index
+from controller.cluster.schema import published_schema
 from controller.metrics import ControllerMetrics
-from controller.prototypes import prototype_index
-from controller.schema import published_schema
 from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, CertificateStore, WebhookServer
 
 log = structlog.get_logger(__name__)
@@ -62,14 +62,14 @@ class ControllerApp:
         synced = self.cache.synced()
         return CheckContext(
             schema=published_schema(),
-            prototypes=prototype_index(),
+            samples=sample_index(),
             inventory=self.cache.index() if synced else None,
             classes=self.cache.device_classes() if synced else {},
             classes_complete=synced,
         )
 
     def start(self) -> None:
-        prototype_index()  # build the sample devices before the first review, not during it
+        sample_index()  # build the sample devices before the first review, not during it
         self.cache.start()
         if self._metrics_addr is not None:
             self._metrics_server = self.metrics.serve(*self._metrics_addr)

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.inventory import DeviceIndex
-from controller.usage import memory_usage
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.memoryusage import memory_usage
 
 Source = Callable[[], tuple[DeviceIndex | None, Iterable[dict[str, Any]]]]
 

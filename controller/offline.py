@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.claimchecks import check_claim_spec, targets_tessera
-from controller.classchecks import check_device_class
-from controller.context import CheckContext
-from controller.findings import Finding, error
-from controller.matching import MatchResult
-from controller.multicard import rewrite_claim_spec
+from controller.checks.claims import check_claim_spec
+from controller.checks.classes import check_device_class
+from controller.checks.findings import Finding, error
+from controller.checks.inputs import CheckContext
+from controller.checks.multicard import rewrite_claim_spec
+from controller.cluster.matching import MatchResult
 
 Obj = dict[str, Any]
 CHECKED_KINDS = ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate")
@@ -106,7 +106,7 @@ def _check_one(item: SourcedObject, ctx: CheckContext) -> ObjectResult:
         path = "spec.spec"
     if not isinstance(spec, dict):
         return ObjectResult(item.source, kind, name, (error(path, "must be an object (a ResourceClaimSpec)"),))
-    rewrite = rewrite_claim_spec(spec, path, lambda n: targets_tessera(ctx, n))
+    rewrite = rewrite_claim_spec(spec, path, ctx.targets_tessera)
     if rewrite.findings:
         return ObjectResult(item.source, kind, name, rewrite.findings)
     claim = check_claim_spec(rewrite.spec, path, ctx)

@@ -21,6 +21,7 @@ from driver.config import (
     merge_configs,
     resolve_sharing,
 )
+from driver.errors import InvalidInputError
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu, Inventory, MigInstance
 from driver.names import mig_profile_token
@@ -32,7 +33,7 @@ _RESULTS = "status.allocation.devices.results"
 _CONFIGS = "status.allocation.devices.config"
 
 
-class AllocationError(ValueError):
+class AllocationError(InvalidInputError):
     """The claim's allocation cannot be prepared on this node; the text says why and what to do."""
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import structlog
 
+from driver.errors import InvalidInputError
 from driver.model import Gpu, Inventory
 
 log = structlog.get_logger(__name__)
@@ -83,7 +84,7 @@ def type_specific_attributes() -> dict[str, tuple[str, ...]]:
     return result
 
 
-class AttributeValueError(ValueError):
+class AttributeValueError(InvalidInputError):
     """An inventory fact that cannot be published as a valid attribute value."""
 
     def __init__(self, field_path: str, message: str) -> None:

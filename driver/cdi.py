@@ -21,6 +21,7 @@ import structlog
 
 from driver import DRIVER_NAME
 from driver.atomicfile import fsync_dir, write_atomic
+from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +45,7 @@ _MIG_CAP_PER_GI = 9
 _MIG_CAP_PER_GPU = 15 * _MIG_CAP_PER_GI
 
 
-class CdiError(ValueError):
+class CdiError(InvalidInputError):
     """A spec tessera refuses to write (bad claim uid, bad device name)."""
 
 

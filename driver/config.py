@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from driver import DRIVER_NAME
+from driver.errors import InvalidInputError
 from driver.quantity import parse_quantity
 
 API_VERSION = f"{DRIVER_NAME}/v1alpha1"
@@ -32,7 +33,7 @@ class Strategy(StrEnum):
     TIME_SLICING = "TimeSlicing"
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInputError):
     """A config value tessera cannot use; `field_path` points at it in the object the user wrote."""
 
     def __init__(self, field_path: str, message: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from driver.cdi import ContainerEdits, Mount
+from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +66,7 @@ FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 _VERSION_SUFFIX = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)\Z")
 
 
-class DriverRootError(ValueError):
+class DriverRootError(InvalidInputError):
     """The driver root does not look like an NVIDIA driver installation."""
 
 

@@ -11,13 +11,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from driver.errors import TesseraError
+
 Obj = dict[str, Any]
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 
 
-class ApiError(Exception):
+class ApiError(TesseraError):
     """An apiserver answer other than success; `status` is the HTTP code (0 when unreachable)."""
 
     def __init__(self, status: int, reason: str, message: str = "") -> None:

@@ -21,8 +21,9 @@ from typing import Any
 
 import structlog
 
-from driver.discovery import DiscoveryError, assign_nvlink_islands
+from driver.errors import DiscoveryError
 from driver.model import Gpu, Inventory, MigInstance
+from driver.nvlink import assign_nvlink_islands
 
 log = structlog.get_logger(__name__)
 

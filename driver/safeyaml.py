@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
+from driver.errors import InvalidInputError
+
 MAX_BYTES = 16 * 1024 * 1024
 MAX_ALIAS_EXPANSION = 1_000_000
 
 
-class YamlLimitError(ValueError):
+class YamlLimitError(InvalidInputError):
     """A document over tessera's size or alias limits; the message names the limit."""
 
 

@@ -56,8 +56,9 @@ from typing import Any, TypeVar
 import yaml
 
 from driver import mig, safeyaml
-from driver.discovery import DiscoveryError, assign_nvlink_islands
+from driver.errors import DiscoveryError
 from driver.model import Gpu, Inventory, MigInstance
+from driver.nvlink import assign_nvlink_islands
 from driver.quantity import quantity_bytes_or_none
 
 # Fixed namespace so that simulated UUIDs are reproducible everywhere.

@@ -25,6 +25,7 @@ import structlog
 
 from driver import DRIVER_NAME
 from driver.attributes import gpu_attributes, mig_attributes
+from driver.errors import InvalidInputError
 from driver.mig import MigLayout, layout_for
 from driver.model import Gpu, Inventory
 from driver.names import (
@@ -53,7 +54,7 @@ _DECIMAL_SUFFIXES = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
-class SliceBuildError(ValueError):
+class SliceBuildError(InvalidInputError):
     """The inventory cannot be published as valid ResourceSlices; `errors` says where and why."""
 
     def __init__(self, message: str, errors: Sequence[FieldError] = ()) -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from e2e.cluster import DRIVER, Cluster
 from e2e.processes import REPO
+from tests.driver.cel.corpus import load as load_corpus
 
-CEL_CORPUS_DIR = REPO / "tests" / "cel"
+CEL_CORPUS_DIR = REPO / "tests" / "driver" / "cel"
 
 
 def harness_json(cluster: Cluster, role: str, payload: object, *args: str) -> tuple[int, Any]:
@@ -62,8 +63,8 @@ def _oracle_outcome(result: dict[str, Any]) -> Any:
 def test_go_oracle_confirms_every_expectation_of_the_corpus(cluster: Cluster, corpus: Path | None) -> None:
     """The corpus pins Kubernetes' behaviour; Kubernetes' own CEL library must agree with every entry."""
     if corpus is None:
-        pytest.skip("tests/cel/*.json (the CEL corpus) does not exist yet")
-    cases = json.loads(corpus.read_text())
+        pytest.skip("tests/driver/cel/*.json (the CEL corpus) does not exist yet")
+    cases = load_corpus(corpus)
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
     wrong = [f"{c['name']}: corpus says {c['expect']}, Kubernetes gives {o}: {c['expression']}"
@@ -75,10 +76,10 @@ def test_go_oracle_confirms_every_expectation_of_the_corpus(cluster: Cluster, co
 def test_tessera_cel_engines_agree_with_kubernetes_on_the_corpus(cluster: Cluster, engine: str) -> None:
     """Every case on tessera's engines against the Go oracle; only documented differences are allowed."""
     try:
-        from tests.cel.corpus import load_known_differences, outcome
+        from tests.driver.cel.corpus import load_known_differences, outcome
     except ImportError as exc:
-        pytest.skip(f"the CEL corpus helpers (tests/cel/corpus.py) are not there yet: {exc}")
-    cases = json.loads((CEL_CORPUS_DIR / "corpus.json").read_text())
+        pytest.skip(f"the CEL corpus helpers (tests/driver/cel/corpus.py) are not there yet: {exc}")
+    cases = load_corpus(CEL_CORPUS_DIR / "corpus.json")
     known = load_known_differences().get(engine, {})
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
@@ -92,12 +93,12 @@ def test_tessera_cel_engines_agree_with_kubernetes_on_the_corpus(cluster: Cluste
 
 
 def test_tessera_cost_estimate_equals_the_apiservers_on_the_cost_corpus(cluster: Cluster) -> None:
-    """tests/cel/cost_corpus.json: size-dependent selectors whose estimate tessera must get exactly as
+    """tests/driver/cel/cost_corpus.json: size-dependent selectors whose estimate tessera must get exactly as
     Kubernetes' validation computes it (k8s.io/dynamic-resource-allocation/cel with cost estimation)."""
     from driver.cel.analysis import analyze
     from driver.cel.syntax import parse
 
-    cases = json.loads((CEL_CORPUS_DIR / "cost_corpus.json").read_text())
+    cases = load_corpus(CEL_CORPUS_DIR / "cost_corpus.json")
     rc, oracle = harness_json(cluster, "cel", cases)
     assert rc == 0
     wrong = []

@@ -73,7 +73,7 @@ def _prepared_at(logs: list[Path]) -> list[tuple[float, str, str]]:
             if '"claim prepared"' not in line:
                 continue
             rec = json.loads(line)
-            if "claim_uid" not in rec:  # the gRPC layer's line about the same prepare
+            if "claim_uid" not in rec:  # older builds logged the same prepare again from the gRPC layer, without it
                 continue
             out.append((datetime.fromisoformat(rec["timestamp"]).timestamp(), rec["claim_uid"], path.name))
     return sorted(out)

@@ -30,8 +30,8 @@ from e2e.workloads import (
     slices_of,
     wait_running,
 )
-from kubeletplugin.types import ClaimRef
-from tests.kubeletclient import PluginConnection
+from kubeletplugin.kubeletclaims import ClaimRef
+from tests.fakes.kubeletclient import PluginConnection
 
 NODE = "outage-a100"
 NAMESPACE = "outage"

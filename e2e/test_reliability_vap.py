@@ -40,7 +40,7 @@ RBAC_PATHS = {
 def chart_objects() -> list[dict[str, Any]]:
     try:
         from hack.k8stools import RegistryUnreachable, UnsupportedPlatform, ensure_tools
-        from tests.test_helm import render
+        from tests.builders.helm import render
     except ImportError as exc:
         pytest.skip(f"chart rendering is not available: {exc}")
     try:

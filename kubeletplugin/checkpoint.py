@@ -47,9 +47,10 @@ from typing import IO, Any
 import structlog
 
 from driver.atomicfile import write_atomic
+from driver.errors import NodeStateError
+from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
-from kubeletplugin.types import PreparedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -126,7 +127,7 @@ class ClaimEntry:
         )
 
 
-class CheckpointError(ValueError):
+class CheckpointError(NodeStateError):
     """The checkpoint file cannot be trusted."""
 
 

@@ -5,7 +5,8 @@ checks that it is the claim kubelet means (uid) and that it is allocated, and ha
 DeviceState, which does the work. Rules kubelet imposes on the answer:
 
 - every claim of the request gets exactly one entry, keyed by uid; a failure is that claim's
-  `error`, never a gRPC error (which would make kubelet drop the whole batch);
+  `error`, never a gRPC error (which would make kubelet drop the whole batch): whatever DeviceState
+  or the GET raises becomes that text in `claim_failure`, the one place that logs it;
 - the answer must arrive before kubelet's deadline (45 s), so claims are worked on in parallel,
   and a claim that is not done in time is answered with a retryable error while its work goes on
   in the background (DeviceState is idempotent, so kubelet's retry finds it done or resumes it).
@@ -25,9 +26,10 @@ import grpc
 import structlog
 
 from driver import DRIVER_NAME
+from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
+from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.types import ClaimRef, PreparedDevice, PrepareResult
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
 from proto.dra.v1beta1 import api_pb2 as v1beta1
@@ -44,15 +46,18 @@ T = TypeVar("T")
 
 
 class ClaimPreparer(Protocol):
-    """The two decisions the wire layer delegates (kubeletplugin.state.DeviceState implements them)."""
+    """The two decisions the wire layer delegates (kubeletplugin.state.DeviceState implements them).
+
+    Both raise on failure; `claim_failure` turns what they raise into the claim's answer.
+    """
 
     def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> PrepareResult: ...
 
-    def unprepare(self, ref: ClaimRef) -> str: ...
+    def unprepare(self, ref: ClaimRef) -> None: ...
 
 
 @dataclass(frozen=True)
-class ClaimFailure(Exception):
+class ClaimFailure(TesseraError):
     """A per-claim failure found before DeviceState was asked: the text kubelet shows, and a metric reason."""
 
     message: str
@@ -138,6 +143,39 @@ def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
         raise ClaimFailure(f"{where}: {key} must be an object, got {type(value).__name__}; nothing was prepared",
                            "malformed")
     return value
+
+
+_GERUND = {"prepare": "preparing", "unprepare": "unpreparing"}
+
+
+def claim_failure(operation: str, ref: ClaimRef, exc: Exception) -> ClaimFailure:
+    """The answer kubelet gets for a claim whose `operation` raised `exc`; the one place that logs it.
+
+    A TesseraError's text is already written for the user; a failing disk (OSError) fails the claim
+    alone and kubelet retries; anything else is a bug: an internal error, logged with its traceback.
+    Call it from the `except` block, so that the traceback is at hand.
+    """
+    claim = f"{ref.namespace}/{ref.name}"
+    bound = log.bind(claim_uid=ref.uid, claim=claim)
+    event = f"claim not {operation}d"
+    if isinstance(exc, ClaimFailure):
+        bound.warning(event, error=exc.message)
+        return exc
+    if isinstance(exc, TesseraError):
+        bound.warning(event, error=str(exc))
+        return ClaimFailure(str(exc), operation)
+    if isinstance(exc, OSError):
+        # the node's disk (full, read-only, failing)
+        if operation == "prepare":
+            where = f" ({exc.filename})" if exc.filename else ""
+            text = f"cannot prepare claim {claim}: {exc.strerror or exc}{where}; kubelet will retry"
+            bound.error(event, error=text)
+        else:
+            text = str(exc)
+            bound.warning(event, error=text)
+        return ClaimFailure(text, operation)
+    bound.exception(f"{operation} failed unexpectedly")
+    return ClaimFailure(f"internal error {_GERUND[operation]} ResourceClaim {claim}: {exc}", "internal")
 
 
 def base_request_names(names: Sequence[str]) -> list[str]:
@@ -246,25 +284,14 @@ class DraService:
                 )
             check_claim(ref, claim, driver_name=self._driver, pool=self._pool_name)
             result = self._state.prepare(ref, claim)
-            if result.error:
-                reason = "prepare"
-                log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=result.error)
-                return PrepareResult(error=result.error)
-            log.info(
-                "claim prepared",
-                claim=f"{ref.namespace}/{ref.name}",
-                uid=ref.uid,
-                devices=[d.device_name for d in result.devices],
-            )
-            return result
-        except ClaimFailure as failure:
-            reason = failure.reason
-            log.warning("claim not prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=failure.message)
-            return PrepareResult(error=failure.message)
         except Exception as exc:
-            reason = "internal"
-            log.exception("prepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return PrepareResult(error=f"internal error preparing ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+            failure = claim_failure("prepare", ref, exc)
+            reason = failure.reason
+            return PrepareResult(error=failure.message)
+        else:
+            log.info("claim prepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                     devices=[d.device_name for d in result.devices])  # fmt: skip
+            return result
         finally:
             if self._metrics is not None and not abandoned.is_set():
                 self._metrics.observe_claim("prepare", time.monotonic() - start, reason)
@@ -274,17 +301,14 @@ class DraService:
         reason = ""
         try:
             # No GET: the claim may already be gone from the apiserver; DeviceState works from its checkpoint.
-            error = self._state.unprepare(ref)
-            if error:
-                reason = "unprepare"
-                log.warning("claim not unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=error)
-            else:
-                log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return error
+            self._state.unprepare(ref)
         except Exception as exc:
-            reason = "internal"
-            log.exception("unprepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
-            return f"internal error unpreparing ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            failure = claim_failure("unprepare", ref, exc)
+            reason = failure.reason
+            return failure.message
+        else:
+            log.info("claim unprepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+            return ""
         finally:
             if self._metrics is not None and not abandoned.is_set():
                 self._metrics.observe_claim("unprepare", time.monotonic() - start, reason)
@@ -342,7 +366,7 @@ class _Timer:
             )
 
 
-class _Answers:
+class _VersionHandlers:
     """Builds the kubelet's answers in one API version's messages (v1 and v1beta1 differ only there)."""
 
     def __init__(
@@ -379,18 +403,18 @@ class DRAPluginV1(v1_grpc.DRAPluginServicer):
     """/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/*"""
 
     def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._answers = _Answers(service, metrics, "v1", v1, _v1_device)
+        self._handlers = _VersionHandlers(service, metrics, "v1", v1, _v1_device)
 
     def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1.NodePrepareResourcesResponse:
-        response: v1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
+        response: v1.NodePrepareResourcesResponse = self._handlers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1.NodeUnprepareResourcesResponse:
-        response: v1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
+        response: v1.NodeUnprepareResourcesResponse = self._handlers.unprepare(request, context)
         return response
 
 
@@ -398,16 +422,16 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
     """/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/*"""
 
     def __init__(self, service: DraService, metrics: PluginMetrics | None = None) -> None:
-        self._answers = _Answers(service, metrics, "v1beta1", v1beta1, _v1beta1_device)
+        self._handlers = _VersionHandlers(service, metrics, "v1beta1", v1beta1, _v1beta1_device)
 
     def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodePrepareResourcesResponse:
-        response: v1beta1.NodePrepareResourcesResponse = self._answers.prepare(request, context)
+        response: v1beta1.NodePrepareResourcesResponse = self._handlers.prepare(request, context)
         return response
 
     def NodeUnprepareResources(
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        response: v1beta1.NodeUnprepareResourcesResponse = self._answers.unprepare(request, context)
+        response: v1beta1.NodeUnprepareResourcesResponse = self._handlers.unprepare(request, context)
         return response

@@ -14,8 +14,10 @@ import os
 import stat
 from pathlib import Path
 
+from driver.errors import NodeStateError
 
-class UnsafeDirectoryError(ValueError):
+
+class UnsafeDirectoryError(NodeStateError):
     """A state or CDI directory others could write; the message names the path and the fix."""
 
 

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from driver import DRIVER_NAME
+from driver.errors import TesseraError
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +46,7 @@ _PRIVATE_SOCKET_NAME = "s"
 ServicerRegistrar = Callable[[grpc.Server], None]
 
 
-class SocketError(Exception):
+class SocketError(TesseraError):
     """A socket path that cannot be served: too long, not absolute, occupied by a non-socket, or bind failed."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import structlog
 
 from driver.atomicfile import write_atomic
+from driver.errors import DeviceError
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu
 from kubeletplugin.nodelocks import SharedFileLock
@@ -27,7 +28,7 @@ log = structlog.get_logger(__name__)
 MIB = 1024 * 1024
 
 
-class MigError(RuntimeError):
+class MigError(DeviceError):
     """A MIG instance could not be created or destroyed."""
 
 

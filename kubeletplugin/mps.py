@@ -25,6 +25,8 @@ import structlog
 
 from driver.atomicfile import write_atomic
 from driver.cdi import ContainerEdits, Mount, check_claim_uid
+from driver.errors import DeviceError
+from kubeletplugin.faults import MPS_START, FaultHook, crash_from_env
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
@@ -35,7 +37,7 @@ CONTAINER_SHM_DIR = "/dev/shm"
 MPS_DAEMON_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
-class MpsError(RuntimeError):
+class MpsError(DeviceError):
     """An MPS daemon could not be started, configured or stopped."""
 
 
@@ -96,7 +98,7 @@ class MpsDaemon:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MpsDaemon:
-        atp = data.get("activeThreadPercentage")
+        thread_percentage = data.get("activeThreadPercentage")
         return cls(
             claim_uid=str(data["claimUID"]),
             pipe_dir=str(data["pipeDir"]),
@@ -104,7 +106,7 @@ class MpsDaemon:
             shm_dir=str(data["shmDir"]),
             gpu_uuids=tuple(str(u) for u in data["gpuUUIDs"]),
             limits_mib=tuple(int(m) for m in data["limitsMiB"]),
-            active_thread_percentage=int(atp) if atp is not None else None,
+            active_thread_percentage=int(thread_percentage) if thread_percentage is not None else None,
         )
 
 
@@ -117,7 +119,7 @@ def control_commands(limits_mib: Sequence[int], active_thread_percentage: int | 
     return lines
 
 
-def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], atp: int | None) -> None:
+def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], thread_percentage: int | None) -> None:
     if not gpu_uuids:
         raise MpsError("an MPS daemon needs at least one GPU")
     if len(gpu_uuids) != len(limits_mib):
@@ -126,8 +128,8 @@ def _check_request(gpu_uuids: Sequence[str], limits_mib: Sequence[int], atp: int
         raise MpsError(f"a GPU appears twice in {list(gpu_uuids)}")
     if any(m < 1 for m in limits_mib):
         raise MpsError(f"memory limits must be at least 1 MiB, got {list(limits_mib)}")
-    if atp is not None and not 1 <= atp <= 100:
-        raise MpsError(f"active thread percentage must be 1..100, got {atp}")
+    if thread_percentage is not None and not 1 <= thread_percentage <= 100:
+        raise MpsError(f"active thread percentage must be 1..100, got {thread_percentage}")
 
 
 class MpsControl(Protocol):
@@ -156,10 +158,16 @@ def _make_dirs(paths: MpsPaths) -> None:
 
 
 def _daemon_record(
-    paths: MpsPaths, claim_uid: str, uuids: Sequence[str], limits: Sequence[int], atp: int | None
+    paths: MpsPaths, claim_uid: str, uuids: Sequence[str], limits: Sequence[int], thread_percentage: int | None
 ) -> MpsDaemon:
     return MpsDaemon(
-        claim_uid, str(paths.pipe_dir), str(paths.log_dir), str(paths.shm_dir), tuple(uuids), tuple(limits), atp
+        claim_uid,
+        str(paths.pipe_dir),
+        str(paths.log_dir),
+        str(paths.shm_dir),
+        tuple(uuids),
+        tuple(limits),
+        thread_percentage,
     )
 
 
@@ -308,7 +316,7 @@ def _daemon_pids(pipe_dir: Path) -> list[int]:
     return pids
 
 
-class FakeMpsControl:
+class SimulatedMpsControl:
     """MpsControl for tests and simulated nodes: daemons are records in `<state>/fake-mps.json`.
 
     The record file outlives the process, so a restarted (or SIGKILLed) plugin finds its daemons
@@ -318,13 +326,14 @@ class FakeMpsControl:
     written to `<log dir>/control.log`.
     """
 
-    def __init__(self, state_dir: Path, *, fail_start: bool = False) -> None:
+    def __init__(self, state_dir: Path, *, fault_hook: FaultHook = crash_from_env) -> None:
         self.state_dir = state_dir
-        self.fail_start = fail_start
+        self.fault_hook = fault_hook  # kubeletplugin.faults: tests make start fail through it
         self._lock = SharedFileLock(self.registry)
 
     @property
     def registry(self) -> Path:
+        # the name predates "Simulated"; kept, so that the other build of a rolling update finds the records
         return self.state_dir / "fake-mps.json"
 
     def _load(self) -> dict[str, Any]:
@@ -346,8 +355,7 @@ class FakeMpsControl:
         self, claim_uid: str, gpu_uuids: Sequence[str], limits_mib: Sequence[int], active_thread_percentage: int | None
     ) -> MpsDaemon:
         _check_request(gpu_uuids, limits_mib, active_thread_percentage)
-        if self.fail_start:
-            raise MpsError(f"claim {claim_uid}: nvidia-cuda-mps-control -d exited with 1: (injected failure)")
+        self.fault_hook(MPS_START)
         paths = mps_paths(self.state_dir, claim_uid)
         _make_dirs(paths)
         (paths.pipe_dir / "control").touch()

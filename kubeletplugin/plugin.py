@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from driver import DRIVER_NAME
+from driver.errors import InvalidInputError, TesseraError
 from driver.health import HealthPolicy
 from driver.kubeapi import KubeAPI
 from driver.model import Inventory
@@ -53,7 +54,7 @@ SIMULATED_HEALTH_FILE = "simulated-health.json"
 HEALTH_CONDITIONS_FILE = "health-conditions.json"
 
 
-class PluginConfigError(ValueError):
+class PluginConfigError(InvalidInputError):
     """A command-line setting that cannot work; the message names the flag and the fix."""
 
 
@@ -330,9 +331,9 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     """DeviceState with the MPS, MIG and time-slice backends that match the discovery backend."""
     from driver.driverroot import discover_driver_root
     from kubeletplugin.migmanager import MigManager, NvmlMigManager, SimulatedMigManager
-    from kubeletplugin.mps import FakeMpsControl, MpsControl, NvidiaMpsControl
+    from kubeletplugin.mps import MpsControl, NvidiaMpsControl, SimulatedMpsControl
     from kubeletplugin.state import DeviceState
-    from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, RecordingTimeSlicer, TimeSlicer
+    from kubeletplugin.timeslicing import NvidiaSmiTimeSlicer, SimulatedTimeSlicer, TimeSlicer
 
     driver_root = (
         discover_driver_root(config.cdi_driver_root, host_root=config.cdi_host_driver_root)
@@ -345,9 +346,9 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     if config.simulated:
         # Simulated GPUs cannot run MPS daemons, MIG instances or time slices; their stand-ins keep
         # the same records on disk, so restarts and crash recovery behave as on a real node.
-        mps = FakeMpsControl(config.state_dir)
+        mps = SimulatedMpsControl(config.state_dir)
         mig = SimulatedMigManager(config.state_dir)
-        timeslicer = RecordingTimeSlicer(config.state_dir)
+        timeslicer = SimulatedTimeSlicer(config.state_dir)
     else:
         if driver_root is None:
             log.warning(
@@ -374,17 +375,14 @@ def run_plugin(
     on_started: Callable[[KubeletPlugin], None] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop_event`); 0 on a clean stop, 1 when the plugin cannot start."""
-    from driver.discovery import DiscoveryError, load_inventory
-    from driver.driverroot import DriverRootError
+    from driver.discovery import load_inventory
     from driver.kubeapi import RealKubeAPI
-    from kubeletplugin.checkpoint import CheckpointFromNewerBuild
-    from kubeletplugin.fsguard import UnsafeDirectoryError
 
     stop = stop_event or threading.Event()
     try:
         inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
         state = build_device_state(config, inventory)
-    except (DiscoveryError, DriverRootError, UnsafeDirectoryError) as exc:
+    except TesseraError as exc:  # discovery, driver root, unsafe directories: the text says what to fix
         log.error("cannot start the kubelet plugin", error=str(exc))
         return 1
     if api is None:
@@ -400,7 +398,7 @@ def run_plugin(
     try:
         try:
             plugin.start()
-        except (SocketError, OSError, CheckpointFromNewerBuild) as exc:
+        except (TesseraError, OSError) as exc:  # sockets, a checkpoint of a newer build, the disk
             log.error("cannot start the kubelet plugin", error=str(exc))
             return 1
         if on_started is not None:

@@ -18,6 +18,7 @@ import structlog
 
 from driver.atomicfile import write_atomic
 from driver.config import TIME_SLICE_INTERVALS
+from driver.errors import DeviceError
 from kubeletplugin.nodelocks import SharedFileLock
 
 log = structlog.get_logger(__name__)
@@ -26,7 +27,7 @@ log = structlog.get_logger(__name__)
 TIME_SLICE_VALUES = {name: value for value, name in enumerate(TIME_SLICE_INTERVALS)}
 
 
-class TimeSliceError(RuntimeError):
+class TimeSliceError(DeviceError):
     """The GPU's time-slice setting could not be changed."""
 
 
@@ -67,11 +68,11 @@ class NvidiaSmiTimeSlicer:
         log.info("time-slice interval set", gpu_uuid=gpu_uuid, interval=interval)
 
 
-class RecordingTimeSlicer:
+class SimulatedTimeSlicer:
     """For simulated GPUs: the interval of each GPU is kept in `<state>/fake-timeslice.json`."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "fake-timeslice.json"
+        self.path = state_dir / "fake-timeslice.json"  # name kept from before "Simulated" (rolling updates)
         self._lock = SharedFileLock(self.path)
 
     def intervals(self) -> dict[str, str]:

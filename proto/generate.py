@@ -7,7 +7,7 @@ would collide in protobuf's default descriptor pool). Next to each _pb2.py/_pb2_
 mypy-protobuf stubs (.pyi) so callers type-check against the messages.
 
 The output depends only on the .proto sources and the generator versions, so running it twice gives
-byte-identical files; tests/test_proto.py regenerates into a temporary directory and compares.
+byte-identical files; tests/proto/test_proto.py regenerates into a temporary directory and compares.
 """
 
 from __future__ import annotations

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from driver import DRIVER_NAME
+from driver.errors import TesseraError
 
 Obj = dict[str, Any]
 GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = DRIVER_NAME
 
 
-class ReadError(Exception):
+class ReadError(TesseraError):
     """The cluster cannot be reached or refuses a read tessera needs; the message says which."""
 
 

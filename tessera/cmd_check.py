@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from driver.errors import TesseraError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, or kind: List)")
@@ -22,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--kubeconfig", metavar="K", help="read ResourceSlices and DeviceClasses from this cluster")
 
 
-class InputError(Exception):
+class InputError(TesseraError):
     """A file that cannot be read or parsed."""
 
 
@@ -57,15 +59,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
-    from controller.context import CheckContext
-    from controller.inventory import DeviceIndex
+    from controller.checks.inputs import CheckContext
+    from controller.cluster.inventory import DeviceIndex
+    from controller.cluster.sampledevices import sample_index
+    from controller.cluster.schema import published_schema
     from controller.offline import check_objects, flatten
-    from controller.prototypes import prototype_index
-    from controller.schema import published_schema
 
     try:
         objects = flatten(doc for f in files for doc in load_documents(f))
-        ctx = CheckContext(schema=published_schema(), prototypes=prototype_index())
+        ctx = CheckContext(schema=published_schema(), samples=sample_index())
         if slices:
             items = [o.obj for o in flatten(load_documents(slices)) if o.obj.get("kind") in ("ResourceSlice", None)]
             ctx.inventory = DeviceIndex.from_slices(items)
@@ -103,8 +105,8 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
 
 
 def _load_cluster(ctx: Any, kubeconfig: str) -> None:
-    from controller.findings import DRIVER
-    from controller.inventory import DeviceIndex
+    from controller.checks.findings import DRIVER
+    from controller.cluster.inventory import DeviceIndex
     from driver.kubeapi import ApiError, RealKubeAPI
 
     try:

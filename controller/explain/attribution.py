@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.cluster.inventory import InventoryDevice
 from controller.explain.funnel import Funnel
 from controller.explain.reasons import Verdict
 from controller.explain.requests import Constraint
 from controller.explain.search import ClaimInput, SearchResult, attribute_value, typed_value
-from controller.inventory import InventoryDevice
 
 Search = Callable[[Sequence[ClaimInput], str], SearchResult]
 

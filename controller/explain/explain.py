@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.matching import Evaluator
 from controller.explain.attribution import NodeInputs, combined_verdict, constraint_verdict, count_verdict
 from controller.explain.funnel import Funnel, funnel
 from controller.explain.nodes import NodeScope, allocation_node, pod_scope
@@ -20,8 +22,6 @@ from controller.explain.reasons import Verdict, funnel_verdict, problem_verdict
 from controller.explain.requests import ClaimPlan, Constraint, RequestSpec, claim_plan
 from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult, search
 from controller.explain.state import AllocatedState, object_ref, reserved_pods
-from controller.inventory import DeviceIndex
-from controller.matching import Evaluator
 
 Obj = dict[str, Any]
 NODE_BUDGET = 20_000  # search steps per node; the scheduler itself stops after DRASchedulerFilterTimeout

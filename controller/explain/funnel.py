@@ -4,7 +4,7 @@ The per-device checks are the scheduler's (allocator_incubating.go: isSelectable
 allocateDevice), in the order a person reads them:
 
   driver      tessera's devices on the nodes the pod may use (pools being republished are skipped)
-  class       the DeviceClass's selectors        } controller.matching.first_failure, the webhook's
+  class       the DeviceClass's selectors        } controller.cluster.matching.first_failure, the webhook's
   selectors   the request's own selectors         } selector walk and Evaluator
   capacity    the request's capacity fits the device, with what other claims' shares leave free
   allocation  not held by another claim (a whole device, or a card that has nothing left)
@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.checks.findings import DRIVER
+from controller.cluster.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.cluster.inventory import DeviceIndex, InventoryDevice
+from controller.cluster.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
+from controller.cluster.taints import fmt_taint, untolerated_taint
 from controller.explain.requests import RequestSpec
 from controller.explain.state import AllocatedState, CounterShort, Holder
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex, InventoryDevice
-from controller.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
 
 STEPS = ("driver", "class", "selectors", "capacity", "allocation", "taints", "counters")
 
@@ -88,35 +89,6 @@ class Funnel:
     def empty_step(self) -> Step | None:
         """The first step that leaves no device."""
         return next((s for s in self.steps if s.count == 0), None)
-
-
-def untolerated_taint(device: InventoryDevice, tolerations: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """taintPreventsAllocation: the first NoSchedule/NoExecute taint no toleration tolerates (None effects and
-    unknown effects do not prevent allocation)."""
-    tolerations = list(tolerations)
-    for taint in device.spec.get("taints") or ():
-        if not isinstance(taint, Mapping) or taint.get("effect") not in ("NoSchedule", "NoExecute"):
-            continue
-        if not any(tolerates(t, taint) for t in tolerations):
-            return taint
-    return None
-
-
-def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    """resourceclaim.ToleratesTaint."""
-    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
-        return False
-    if toleration.get("key") and toleration.get("key") != taint.get("key"):
-        return False
-    operator = toleration.get("operator") or "Equal"
-    if operator == "Equal":
-        return str(toleration.get("value") or "") == str(taint.get("value") or "")
-    return operator == "Exists"
-
-
-def fmt_taint(taint: Mapping[str, Any]) -> str:
-    value = f"={taint['value']}" if taint.get("value") else ""
-    return f"{taint.get('key')}{value}:{taint.get('effect')}"
 
 
 def funnel(request: RequestSpec, index: DeviceIndex, nodes: set[str] | None, state: AllocatedState,

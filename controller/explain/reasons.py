@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import fmt_amount
-from controller.context import class_targets_tessera
-from controller.explain.funnel import Drop, Funnel, fmt_taint
+from controller.checks.ownership import class_targets_tessera
+from controller.checks.selectors import compile_selectors
+from controller.cluster.capacityfit import fmt_amount
+from controller.cluster.inventory import DeviceIndex, InventoryDevice
+from controller.cluster.matching import Evaluator, Requirement, match
+from controller.cluster.taints import fmt_taint
+from controller.explain.funnel import Drop, Funnel
 from controller.explain.requests import RequestSpec
 from controller.explain.state import Holder
-from controller.inventory import DeviceIndex, InventoryDevice
-from controller.matching import Evaluator, Requirement, match
-from controller.selectors import compile_selectors
 from driver import DRIVER_NAME
 
 Obj = dict[str, Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import fmt_amount, quantity
+from controller.cluster.capacityfit import fmt_amount, quantity
 from controller.explain.explain import ClaimReport, Explanation, RequestReport
 from controller.explain.funnel import Drop, Funnel, Step
 from controller.explain.reasons import Verdict

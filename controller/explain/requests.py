@@ -1,6 +1,6 @@
 """A ResourceClaimSpec as the allocator sees it: requests (a firstAvailable request is its list of
 subrequests), each with its class's selectors, its own selectors, capacity, count and tolerations,
-compiled with the webhook's code (controller.selectors, controller.classchecks)."""
+compiled with the webhook's code (controller.checks.selectors, controller.checks.classes)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.classchecks import class_conditions
-from controller.context import class_targets_tessera, is_our_class_name
-from controller.matching import CapacityNeed, Condition
-from controller.selectors import compile_selectors
+from controller.checks.classes import class_conditions
+from controller.checks.ownership import class_targets_tessera, is_our_class_name
+from controller.checks.selectors import compile_selectors
+from controller.cluster.capacityfit import CapacityNeed
+from controller.cluster.matching import Condition
 
 Obj = dict[str, Any]
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from controller.capacityfit import capacity_miss, consumption
-from controller.explain.funnel import untolerated_taint
+from controller.cluster.capacityfit import capacity_miss, consumption
+from controller.cluster.inventory import InventoryDevice
+from controller.cluster.taints import untolerated_taint
 from controller.explain.requests import Constraint, RequestSpec
 from controller.explain.state import AllocatedState, CounterKey, DeviceKey, device_key
-from controller.inventory import InventoryDevice
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.capacityfit import quantity
-from controller.findings import DRIVER
-from controller.inventory import DeviceIndex, InventoryDevice, current_pools
+from controller.checks.findings import DRIVER
+from controller.cluster.capacityfit import quantity
+from controller.cluster.inventory import DeviceIndex, InventoryDevice, current_pools
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str, str]  # driver, pool, device

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.cluster.inventory import InventoryDevice
 from controller.explain.explain import ClusterView
 from controller.explain.state import AllocatedState, Holder
-from controller.inventory import InventoryDevice
 
 Obj = dict[str, Any]
 _MIG_PARENT = re.compile(r"^(gpu-\d+)-mig-")

@@ -8,7 +8,7 @@ Public API:
 - AttributeRead, CelCompileError, CelRuntimeError, DeviceViewError
 - driver.quantity.Quantity, driver.semver.Version
 Engine: cel-expr-python by default; TESSERA_CEL_ENGINE=celpy|celexpr or engine= selects one.
-Fidelity: tests/cel/corpus.json, every case confirmed against Kubernetes' own CEL library.
+Fidelity: tests/driver/cel/corpus.json, every case confirmed against Kubernetes' own CEL library.
 """
 
 from driver.cel.analysis import AttributeRead

@@ -2,7 +2,7 @@
 
 Kubernetes rejects a DRA selector whose estimated cost exceeds 1,000,000. The estimate is cel-go's
 checker.Cost with Kubernetes' library estimator and the DRA size estimator on top; this module
-follows the same rules over tessera's syntax tree, with the static types from driver.cel.analysis:
+follows the same rules over tessera's syntax tree, with the static types from driver.cel.typecheck:
 
 - sizes are (min, max) ranges: literals are exact, the `device` fields have the maximum sizes the
   DRA environment declares (driver 63, attribute values 64, 32 entries per map), anything else
@@ -15,112 +15,38 @@ follows the same rules over tessera's syntax tree, with the static types from dr
 - macros are charged as their expansion: the range, the accumulator, and per element the loop
   condition plus step (e.g. `map` appends to a list: 12 + the mapped expression per element).
 
-Only the maximum is returned (the apiserver compares the maximum). tests/cel/cost_corpus.json holds
-the cases checked against the Go oracle (e2e/test_oracles.py), and tests/test_cel_cost.py the same
+Only the maximum is returned (the apiserver compares the maximum). tests/driver/cel/cost_corpus.json holds
+the cases checked against the Go oracle (e2e/test_oracles.py), and tests/driver/cel/test_cel_cost.py the same
 numbers without Go.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from driver.cel.limits import MAX_LIST_ATTRIBUTE_VALUES
+from driver.cel.sizes import (
+    U64,
+    UNKNOWN,
+    Entry,
+    Size,
+    add,
+    declared_size,
+    factor,
+    mul,
+    replaced_size,
+    size_add,
+    size_mul,
+    union,
+)
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit
 
-U64 = (1 << 64) - 1
-Size = tuple[int, int]
-UNKNOWN: Size = (0, U64)
 STRING_FACTOR = 0.1
 REGEX_FACTOR = 0.25
 LIST_CREATE = 10
 MAP_CREATE = 30
 STRUCT_CREATE = 40
-MAX_ATTRIBUTE_VALUES = 48  # ResourceSliceMaxAttributeValuesPerDevice (includes())
-
-
-def add(a: int, b: int) -> int:
-    return min(a + b, U64)
-
-
-def mul(a: int, b: int) -> int:
-    return min(a * b, U64)
-
-
-def factor(x: int, f: float) -> int:
-    """cel-go's multiplyByCostFactor: ceil(x * f) in float64, saturating."""
-    xf = float(x)
-    if xf > 0 and f > 0 and xf > float(U64) / f:
-        return U64
-    c = math.ceil(xf * f)
-    return U64 if c >= 2.0**64 else int(c)
-
-
-def union(a: Size, b: Size) -> Size:
-    return (min(a[0], b[0]), max(a[1], b[1]))
-
-
-def size_add(a: Size, b: Size) -> Size:
-    return (add(a[0], b[0]), add(a[1], b[1]))
-
-
-def size_mul(a: Size, b: Size) -> Size:
-    return (mul(a[0], b[0]), mul(a[1], b[1]))
-
-
-@dataclass(frozen=True)
-class Entry:
-    """Sizes of a container's keys and values (cel-go's entrySizeEstimate)."""
-
-    kind: str  # "list" or "map"
-    key: Size
-    val: Size
-
-    def union(self, other: Entry | None) -> Entry | None:
-        if other is None:
-            return None
-        return Entry(self.kind, union(self.key, other.key), union(self.val, other.val))
-
-
-# The DRA environment's declared sizes (k8s.io/dynamic-resource-allocation/cel): what a path below
-# `device` may hold. A type is (max elements, key type, value type, fields).
-@dataclass(frozen=True)
-class _Decl:
-    max: int
-    key: _Decl | None = None
-    elem: _Decl | None = None
-    fields: dict[str, _Decl] = field(default_factory=dict)
-
-
-_ID = _Decl(32)
-_DOMAIN = _Decl(63)
-_ATTRIBUTE = _Decl(64)
-_QUANTITY = _Decl(0)
-_ATTRIBUTES = _Decl(32, _DOMAIN, _Decl(32, _ID, _ATTRIBUTE))
-_CAPACITY = _Decl(32, _DOMAIN, _Decl(32, _ID, _QUANTITY))
-_DEVICE = _Decl(0, fields={"driver": _Decl(63), "attributes": _ATTRIBUTES, "capacity": _CAPACITY,
-                           "allowMultipleAllocations": _Decl(1)})
-
-
-def _declared_size(path: tuple[str, ...]) -> Size | None:
-    if not path or path[0] != "device":
-        return None
-    node = _DEVICE
-    for name in path[1:]:
-        if name in ("@items", "@values"):
-            if node.elem is None:
-                return None
-            node = node.elem
-        elif name == "@keys":
-            if node.key is None:
-                return None
-            node = node.key
-        elif name in node.fields:
-            node = node.fields[name]
-        elif node.elem is _ATTRIBUTE:
-            node = _ATTRIBUTE  # any attribute name in a domain's map
-        else:
-            return None
-    return (0, node.max)
 
 
 SCALARS = frozenset({"bool", "int", "uint", "double", "duration", "timestamp"})
@@ -169,7 +95,7 @@ class Coster:
             return (len(n.elements), len(n.elements))
         if isinstance(n, MapLit):
             return (len(n.entries), len(n.entries))
-        declared = _declared_size(self.path(n))
+        declared = declared_size(self.path(n))
         if declared is not None:
             return declared
         if self.kind(n) in SCALARS:
@@ -435,74 +361,111 @@ class Coster:
         return 1
 
     def member_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
-        sz = self.size_or_unknown
-        tsize = sz(target)
-        tkind = self.kind(target)
-        if fn in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf"):
-            if tkind == "list":
-                element = 1
-                elem = self.elems.get(id(target), "dyn")
-                if elem in ("string", "bytes"):
-                    elem_size = _declared_size((*self.path(target), "@items")) if self.path(target) else None
-                    element = add(element, factor((elem_size or UNKNOWN)[1], STRING_FACTOR))
-                return mul(tsize[1], element)
-            if tkind in ("string", "dyn", "any") and fn in ("indexOf", "lastIndexOf"):
-                return factor(tsize[1], STRING_FACTOR)
-        if fn in ("lowerAscii", "upperAscii", "substring", "trim"):
-            self.sizes[id(n)] = tsize
+        """The cost of receiver-style call target.fn(args), None when no rule below covers it."""
+        rule = _MEMBER_COSTS.get(fn)
+        return rule(self, n, fn, target, args) if rule is not None else None
+
+    # Rules for member calls, one per group of functions that cel-go or Kubernetes' library charges alike.
+    # Each takes (call, function name, receiver, arguments) and returns None where its guard fails.
+
+    def list_scan_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        tsize, tkind = self.size_or_unknown(target), self.kind(target)
+        if tkind == "list":
+            element = 1
+            elem = self.elems.get(id(target), "dyn")
+            if elem in ("string", "bytes"):
+                elem_size = declared_size((*self.path(target), "@items")) if self.path(target) else None
+                element = add(element, factor((elem_size or UNKNOWN)[1], STRING_FACTOR))
+            return mul(tsize[1], element)
+        if tkind in ("string", "dyn", "any") and fn in ("indexOf", "lastIndexOf"):
             return factor(tsize[1], STRING_FACTOR)
-        if fn == "replace" and len(args) >= 2:
-            self.sizes[id(n)] = _replaced_size(tsize, sz(args[0]), sz(args[1]))
-            return factor(tsize[1], 2 * STRING_FACTOR)
-        if fn == "split":
-            limit = tsize[1]
-            if len(args) > 1 and isinstance(args[1], Literal) and isinstance(args[1].value, int):
-                limit = args[1].value % (1 << 64)
-            self.sizes[id(n)] = (0, limit)
-            return factor(tsize[1], 2 * STRING_FACTOR)
-        if fn == "join":
-            joined: Size = (0, 0)
-            if tkind == "list" or tkind in ("dyn", "any"):
-                elem_size = _declared_size((*self.path(target), "@items")) if self.path(target) else None
-                joined = size_mul(tsize, elem_size or UNKNOWN)
-            if args:
-                separators = (max(tsize[0] - 1, 0), max(tsize[1] - 1, 0))
-                joined = size_add(joined, size_mul(sz(args[0]), separators))
-            self.sizes[id(n)] = joined
-            return factor(joined[1], STRING_FACTOR)
-        if fn in ("find", "findAll") and args:
-            self.sizes[id(n)] = (0, tsize[1])
-            return mul(factor(add(tsize[1], 1), STRING_FACTOR), factor(sz(args[0])[1], REGEX_FACTOR))
-        if fn in ("sign", "asInteger", "isInteger", "asApproximateFloat", "isGreaterThan", "isLessThan", "compareTo",
-                  "add", "sub", "major", "minor", "patch"):
-            return 1
-        if fn == "includes":
-            return MAX_ATTRIBUTE_VALUES
-        if fn == "contains" and len(args) == 1:
-            return mul(factor(tsize[1], STRING_FACTOR), factor(sz(args[0])[1], STRING_FACTOR))
-        if fn in ("startsWith", "endsWith") and len(args) == 1:
-            return factor(sz(args[0])[1], STRING_FACTOR)
-        if fn == "matches" and len(args) == 1:
-            return mul(factor(add(tsize[1], 1), STRING_FACTOR), factor(sz(args[0])[1], REGEX_FACTOR))
-        if fn == "format" and tkind == "string":
-            return factor(tsize[1], STRING_FACTOR)
-        # cel-go's lists extension (version 3)
-        if fn == "slice" and len(args) == 2:
-            start = _int_literal(args[0], 0)
-            end = _int_literal(args[1], tsize[1])
-            length = max(end - start, 0) % (1 << 64)
-            return self.allocating_list(n, 1.0, (length, length))
-        if fn == "reverse" and not args and tkind != "string":
-            return self.allocating_list(n, 1.0, tsize)
-        if fn == "flatten" and tkind != "string":
-            depth = _int_literal(args[0], U64) if args else 1
-            return self.allocating_list(n, float(depth), tsize)
-        if fn == "distinct" and not args:
-            return self.allocating_list(n, 2.0, size_mul(tsize, tsize))
-        if fn == "sort" and not args:
-            extra = STRING_FACTOR if self.elems.get(id(target)) in ("string", "bytes") else 0.0
-            return self.allocating_list(n, 2.0 + extra, size_mul(tsize, tsize))
         return None
+
+    def same_size_string_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        tsize = self.size_or_unknown(target)
+        self.sizes[id(n)] = tsize
+        return factor(tsize[1], STRING_FACTOR)
+
+    def replace_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if len(args) < 2:
+            return None
+        tsize = self.size_or_unknown(target)
+        self.sizes[id(n)] = replaced_size(tsize, self.size_or_unknown(args[0]), self.size_or_unknown(args[1]))
+        return factor(tsize[1], 2 * STRING_FACTOR)
+
+    def split_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        tsize = self.size_or_unknown(target)
+        limit = tsize[1]
+        if len(args) > 1 and isinstance(args[1], Literal) and isinstance(args[1].value, int):
+            limit = args[1].value % (1 << 64)
+        self.sizes[id(n)] = (0, limit)
+        return factor(tsize[1], 2 * STRING_FACTOR)
+
+    def join_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        tsize, tkind = self.size_or_unknown(target), self.kind(target)
+        joined: Size = (0, 0)
+        if tkind == "list" or tkind in ("dyn", "any"):
+            elem_size = declared_size((*self.path(target), "@items")) if self.path(target) else None
+            joined = size_mul(tsize, elem_size or UNKNOWN)
+        if args:
+            separators = (max(tsize[0] - 1, 0), max(tsize[1] - 1, 0))
+            joined = size_add(joined, size_mul(self.size_or_unknown(args[0]), separators))
+        self.sizes[id(n)] = joined
+        return factor(joined[1], STRING_FACTOR)
+
+    def regex_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if not args or (fn == "matches" and len(args) != 1):
+            return None
+        tsize = self.size_or_unknown(target)
+        if fn != "matches":  # find, findAll
+            self.sizes[id(n)] = (0, tsize[1])
+        return mul(factor(add(tsize[1], 1), STRING_FACTOR), factor(self.size_or_unknown(args[0])[1], REGEX_FACTOR))
+
+    def contains_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if len(args) != 1:
+            return None
+        return mul(factor(self.size_or_unknown(target)[1], STRING_FACTOR),
+                   factor(self.size_or_unknown(args[0])[1], STRING_FACTOR))
+
+    def affix_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        return factor(self.size_or_unknown(args[0])[1], STRING_FACTOR) if len(args) == 1 else None
+
+    def format_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        return factor(self.size_or_unknown(target)[1], STRING_FACTOR) if self.kind(target) == "string" else None
+
+    # cel-go's lists extension (version 3)
+
+    def slice_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if len(args) != 2:
+            return None
+        start = _int_literal(args[0], 0)
+        end = _int_literal(args[1], self.size_or_unknown(target)[1])
+        length = max(end - start, 0) % (1 << 64)
+        return self.allocating_list(n, 1.0, (length, length))
+
+    def reverse_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if args or self.kind(target) == "string":
+            return None
+        return self.allocating_list(n, 1.0, self.size_or_unknown(target))
+
+    def flatten_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if self.kind(target) == "string":
+            return None
+        depth = _int_literal(args[0], U64) if args else 1
+        return self.allocating_list(n, float(depth), self.size_or_unknown(target))
+
+    def distinct_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if args:
+            return None
+        tsize = self.size_or_unknown(target)
+        return self.allocating_list(n, 2.0, size_mul(tsize, tsize))
+
+    def sort_cost(self, n: Call, fn: str, target: Node, args: list[Node]) -> int | None:
+        if args:
+            return None
+        tsize = self.size_or_unknown(target)
+        extra = STRING_FACTOR if self.elems.get(id(target)) in ("string", "bytes") else 0.0
+        return self.allocating_list(n, 2.0 + extra, size_mul(tsize, tsize))
 
     def global_cost(self, n: Call, fn: str, args: list[Node]) -> int | None:
         sz = self.size_or_unknown
@@ -533,22 +496,30 @@ class Coster:
         return add(add(factor(size[1], per_element), 1), LIST_CREATE)
 
 
-def _replaced_size(s: Size, old: Size, new: Size) -> Size:
-    """Kubernetes' bound on the size of s.replace(old, new)."""
-    count_max = retained_max = count_min = retained_min = 0
-    if old[0] == 0:
-        count_max, retained_max = (add(s[1], 1) if s[1] < U64 else s[1]), s[1]
-    elif new[1] <= old[0]:
-        count_max, retained_max = 0, s[1]
-    else:
-        count_max = math.ceil(s[1] / old[0])
-    if old[1] == 0:
-        count_min, retained_min = (add(s[0], 1) if s[0] < U64 else s[0]), s[0]
-    elif old[1] <= new[0]:
-        count_min, retained_min = 0, s[0]
-    else:
-        count_min = math.ceil(s[0] / old[1])
-    return size_add(size_mul((count_min, count_max), new), (retained_min, retained_max))
+def _constant(cost: int) -> Callable[[Coster, Call, str, Node, list[Node]], int | None]:
+    return lambda *_: cost
+
+
+_MEMBER_COSTS: dict[str, Callable[[Coster, Call, str, Node, list[Node]], int | None]] = {
+    **dict.fromkeys(("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf"), Coster.list_scan_cost),
+    **dict.fromkeys(("lowerAscii", "upperAscii", "substring", "trim"), Coster.same_size_string_cost),
+    "replace": Coster.replace_cost,
+    "split": Coster.split_cost,
+    "join": Coster.join_cost,
+    **dict.fromkeys(("find", "findAll", "matches"), Coster.regex_cost),
+    # Kubernetes' Quantity and Semver methods are O(1)
+    **dict.fromkeys(("sign", "asInteger", "isInteger", "asApproximateFloat", "isGreaterThan", "isLessThan",
+                     "compareTo", "add", "sub", "major", "minor", "patch"), _constant(1)),
+    "includes": _constant(MAX_LIST_ATTRIBUTE_VALUES),  # ResourceSliceMaxAttributeValuesPerDevice
+    "contains": Coster.contains_cost,
+    **dict.fromkeys(("startsWith", "endsWith"), Coster.affix_cost),
+    "format": Coster.format_cost,
+    "slice": Coster.slice_cost,
+    "reverse": Coster.reverse_cost,
+    "flatten": Coster.flatten_cost,
+    "distinct": Coster.distinct_cost,
+    "sort": Coster.sort_cost,
+}
 
 
 def _int_literal(n: Node, default: int) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from driver.errors import InvalidInputError, TesseraError
 
-class CelCompileError(Exception):
+
+class CelCompileError(TesseraError):
     """A selector Kubernetes would reject at admission (syntax, types, length, cost).
 
     `column` is 1-based within the expression's line (0 when no position applies, such as the
@@ -26,7 +28,7 @@ class CelCompileError(Exception):
         return f"compilation failed at {where}: {self.message}\n | {text}\n | {' ' * (self.column - 1)}^"
 
 
-class CelRuntimeError(Exception):
+class CelRuntimeError(TesseraError):
     """A selector failed while evaluating one device (the scheduler would abort the pod's allocation)."""
 
     def __init__(self, message: str) -> None:
@@ -34,7 +36,7 @@ class CelRuntimeError(Exception):
         self.message = message
 
 
-class CelBudgetExceeded(Exception):
+class CelBudgetExceeded(TesseraError):
     """cel-cpp stopped an evaluation at its fixed comprehension-iteration budget.
 
     Kubernetes has no such budget (only the runtime cost limit, which compile_selector's cost
@@ -47,7 +49,7 @@ class CelBudgetExceeded(Exception):
         self.message = message
 
 
-class DeviceViewError(ValueError):
+class DeviceViewError(InvalidInputError):
     """A ResourceSlice device cannot be turned into CEL input; `path` names the offending field."""
 
     def __init__(self, path: str, message: str) -> None:

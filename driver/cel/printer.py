@@ -107,24 +107,29 @@ def unparse(n: Node) -> str:
         return n.type_name + "{" + ", ".join(parts) + "}"
     assert isinstance(n, Call)
     if n.target is None:
-        prec = _PRECEDENCE.get(n.function)
-        if n.function in _BINARY_TEXT and len(n.args) == 2 and prec is not None:
-            # left-associative: the right operand binds tighter
-            left = _operand(n.args[0], prec)
-            right = _operand(n.args[1], prec + 1)
-            return f"{left} {_BINARY_TEXT[n.function]} {right}"
-        if n.function in ("!_", "-_"):
-            op = "!" if n.function == "!_" else "-"
-            operand = n.args[0]
-            inner = _operand(operand, _PRECEDENCE["!_"])
-            if op == "-" and isinstance(operand, Literal) and operand.kind in ("int", "double"):
-                inner = f"({inner})"  # keep -(x) a negation instead of a folded literal
-            # "- -1" must not turn into "--1"
-            return f"{op}{' ' if inner.startswith(op) else ''}{inner}"
-        if n.function == "_?_:_":
-            cond, then, other = n.args
-            return f"{_operand(cond, 1)} ? {_operand(then, 1)} : {_operand(other, 0)}"
-        if n.function == "_[_]" and len(n.args) == 2:
-            return f"{_operand(n.args[0], _PRIMARY)}[{unparse(n.args[1])}]"
-        return f"{n.function}({', '.join(unparse(a) for a in n.args)})"
+        return _unparse_global_call(n)
     return f"{_operand(n.target, _PRIMARY)}.{n.function}({', '.join(unparse(a) for a in n.args)})"
+
+
+def _unparse_global_call(n: Call) -> str:
+    """An operator in its infix/prefix form, or a global function call."""
+    prec = _PRECEDENCE.get(n.function)
+    if n.function in _BINARY_TEXT and len(n.args) == 2 and prec is not None:
+        # left-associative: the right operand binds tighter
+        left = _operand(n.args[0], prec)
+        right = _operand(n.args[1], prec + 1)
+        return f"{left} {_BINARY_TEXT[n.function]} {right}"
+    if n.function in ("!_", "-_"):
+        op = "!" if n.function == "!_" else "-"
+        operand = n.args[0]
+        inner = _operand(operand, _PRECEDENCE["!_"])
+        if op == "-" and isinstance(operand, Literal) and operand.kind in ("int", "double"):
+            inner = f"({inner})"  # keep -(x) a negation instead of a folded literal
+        # "- -1" must not turn into "--1"
+        return f"{op}{' ' if inner.startswith(op) else ''}{inner}"
+    if n.function == "_?_:_":
+        cond, then, other = n.args
+        return f"{_operand(cond, 1)} ? {_operand(then, 1)} : {_operand(other, 0)}"
+    if n.function == "_[_]" and len(n.args) == 2:
+        return f"{_operand(n.args[0], _PRIMARY)}[{unparse(n.args[1])}]"
+    return f"{n.function}({', '.join(unparse(a) for a in n.args)})"

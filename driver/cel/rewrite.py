@@ -48,7 +48,3 @@ def expand_two_variable_macros(ast: Node) -> Node:
 
     return visit(ast)
 
-
-def uses_two_variable_macros(ast: Node) -> bool:
-    return expand_two_variable_macros(ast) != ast
-

@@ -13,10 +13,11 @@ from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
+from driver.errors import TesseraError
 
 ENGINE_ENV_VAR = "TESSERA_CEL_ENGINE"
 ENGINES = ("celexpr", "celpy")
-# cel-expr-python agrees with Kubernetes on more of tests/cel/corpus.json (see tests/cel/README.md).
+# cel-expr-python agrees with Kubernetes on more of tests/driver/cel/corpus.json (see tests/driver/cel/README.md).
 DEFAULT_ENGINE = "celexpr"
 CACHE_SIZE = 512
 # Nesting tessera's recursive checker follows. Real selectors nest a handful of levels; the limits
@@ -79,7 +80,7 @@ def engine_name(engine: str | None) -> str:
     return name
 
 
-class CelEngineMissing(RuntimeError):
+class CelEngineMissing(TesseraError, RuntimeError):
     """No engine was chosen and the default one is not installed."""
 
 

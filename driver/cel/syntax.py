@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from driver.errors import TesseraError
+
 RESERVED = frozenset({
     "as", "break", "const", "continue", "else", "for", "function", "if", "import", "let", "loop", "package",
     "namespace", "return", "var", "void", "while",
@@ -23,7 +25,7 @@ RESERVED = frozenset({
 # A syntax error carries the 0-based character offset; CelCompileError turns it into a column.
 
 
-class CelSyntaxError(Exception):
+class CelSyntaxError(TesseraError):
     def __init__(self, offset: int, message: str) -> None:
         super().__init__(message)
         self.offset = offset
@@ -145,50 +147,48 @@ def _read_string(src: str, start: int, prefix_end: int) -> tuple[int, object, st
         if c == "\n" and len(quote) == 1:
             raise CelSyntaxError(start, "newline in single-quoted string literal")
         if c == "\\" and not raw:
-            if i + 1 >= len(src):
-                raise CelSyntaxError(i, "unterminated escape sequence")
-            e = src[i + 1]
-            if e in _ESCAPES:
-                emit(_ESCAPES[e])
-                i += 2
-            elif e in "xX":
-                hexd = src[i + 2:i + 4]
-                if not re.fullmatch(r"[0-9a-fA-F]{2}", hexd):
-                    raise CelSyntaxError(i, "invalid \\x escape")
-                if is_bytes:
-                    out.append(chr(int(hexd, 16)))
-                    byte_out.append(int(hexd, 16))
-                else:
-                    emit(chr(int(hexd, 16)))
-                i += 4
-            elif e in "uU":
-                n = 4 if e == "u" else 8
-                hexd = src[i + 2:i + 2 + n]
-                if is_bytes or not re.fullmatch(rf"[0-9a-fA-F]{{{n}}}", hexd):
-                    raise CelSyntaxError(i, f"invalid \\{e} escape")
-                cp = int(hexd, 16)
-                if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
-                    raise CelSyntaxError(i, f"invalid unicode code point in \\{e} escape")
-                emit(chr(cp))
-                i += 2 + n
-            elif e in "01234567":
-                octd = src[i + 1:i + 4]
-                if not re.fullmatch(r"[0-3][0-7]{2}", octd):
-                    raise CelSyntaxError(i, "invalid octal escape")
-                if is_bytes:
-                    out.append(chr(int(octd, 8)))
-                    byte_out.append(int(octd, 8))
-                else:
-                    emit(chr(int(octd, 8)))
-                i += 4
+            i, text, one_byte = _read_escape(src, i, is_bytes)
+            if one_byte:
+                out.append(text)
+                byte_out.append(ord(text))
             else:
-                raise CelSyntaxError(i, f"invalid escape sequence \\{e}")
+                emit(text)
         else:
             emit(c)
             i += 1
     if is_bytes:
         return i, bytes(byte_out), "bytes"
     return i, "".join(out), "string"
+
+
+def _read_escape(src: str, i: int, is_bytes: bool) -> tuple[int, str, bool]:
+    """The escape sequence at src[i] (a backslash): (index after it, its text, whether the text stands for
+    one raw byte rather than a character: \\x and octal escapes in a bytes literal)."""
+    if i + 1 >= len(src):
+        raise CelSyntaxError(i, "unterminated escape sequence")
+    e = src[i + 1]
+    if e in _ESCAPES:
+        return i + 2, _ESCAPES[e], False
+    if e in "xX":
+        hexd = src[i + 2:i + 4]
+        if not re.fullmatch(r"[0-9a-fA-F]{2}", hexd):
+            raise CelSyntaxError(i, "invalid \\x escape")
+        return i + 4, chr(int(hexd, 16)), is_bytes
+    if e in "uU":
+        n = 4 if e == "u" else 8
+        hexd = src[i + 2:i + 2 + n]
+        if is_bytes or not re.fullmatch(rf"[0-9a-fA-F]{{{n}}}", hexd):
+            raise CelSyntaxError(i, f"invalid \\{e} escape")
+        cp = int(hexd, 16)
+        if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+            raise CelSyntaxError(i, f"invalid unicode code point in \\{e} escape")
+        return i + 2 + n, chr(cp), False
+    if e in "01234567":
+        octd = src[i + 1:i + 4]
+        if not re.fullmatch(r"[0-3][0-7]{2}", octd):
+            raise CelSyntaxError(i, "invalid octal escape")
+        return i + 4, chr(int(octd, 8)), is_bytes
+    raise CelSyntaxError(i, f"invalid escape sequence \\{e}")
 
 
 def tokenize(src: str) -> list[Token]:

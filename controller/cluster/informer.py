@@ -1,0 +1,210 @@
+"""The controller's view of the cluster, kept current with list + watch (an informer, in client-go
+terms): tessera's ResourceSlices, all DeviceClasses, all ResourceClaims.
+
+Each resource has a Reflector thread: list, then watch from the list's resourceVersion; a watch that
+ends is resumed from the last version seen; an expired version (410 Gone) or any error leads to a
+fresh list after a capped exponential backoff. The webhook never waits for the apiserver: it reads
+whatever snapshot is there and skips inventory checks until the first list has arrived.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import structlog
+
+from controller.cluster.inventory import DeviceIndex
+from driver import DRIVER_NAME as DRIVER
+from driver.backoff import Backoff
+from driver.kubeapi import ApiError, Obj, WatchEvent
+
+log = structlog.get_logger(__name__)
+
+
+class ClusterReader(Protocol):
+    """The list/watch calls the controller needs (driver.kubeapi.RealKubeAPI provides them)."""
+
+    def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj: ...
+    def watch_resource_slices(
+        self, resource_version: str, field_selector: str = "", timeout_seconds: int = 60
+    ) -> Iterator[WatchEvent]: ...
+    def list_device_classes(self) -> Obj: ...
+    def watch_device_classes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]: ...
+    def list_resource_claims(self) -> Obj: ...
+    def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]: ...
+
+
+def _key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+def _version(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+class Reflector:
+    """Keeps `objects` equal to one resource in the apiserver."""
+
+    def __init__(
+        self,
+        resource: str,
+        list_fn: Callable[[], Obj],
+        watch_fn: Callable[[str], Iterator[WatchEvent]],
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.resource = resource
+        self._list = list_fn
+        self._watch = watch_fn
+        self._on_change = on_change
+        self._backoff = Backoff(initial=backoff_initial, maximum=backoff_max)
+        self._lock = threading.Lock()
+        self._objects: dict[str, Obj] = {}
+        self._stop = threading.Event()
+        self.synced = threading.Event()
+        self.version = 0  # bumped on every change of `objects`
+        self.errors = 0
+        self._thread: threading.Thread | None = None
+
+    def objects(self) -> list[Obj]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._objects.get(key)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{self.resource}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._on_change()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                resource_version = self._relist()
+                if failing:
+                    log.info("apiserver reachable again", resource=self.resource)
+                    failing = False
+                self._backoff.reset()
+                self._watch_from(resource_version)
+            except ApiError as exc:
+                if exc.status == 410:
+                    log.info("watch expired; listing again", resource=self.resource)
+                    continue
+                self.errors += 1
+                if not failing:
+                    log.warning("list/watch failed; retrying with backoff", resource=self.resource, error=str(exc))
+                    failing = True
+            except Exception as exc:  # a bug or a malformed object must not kill the cache
+                self.errors += 1
+                log.exception("reflector error; retrying with backoff", resource=self.resource, error=str(exc))
+                failing = True
+            if self._stop.wait(self._backoff.next()):
+                return
+
+    def _relist(self) -> str:
+        listing = self._list()
+        items = {_key(item): item for item in listing.get("items") or [] if isinstance(item, dict)}
+        with self._lock:
+            self._objects = items
+        self.synced.set()
+        self._changed()
+        return str((listing.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _watch_from(self, resource_version: str) -> None:
+        while not self._stop.is_set():
+            for event in self._watch(resource_version):
+                if self._stop.is_set():
+                    return
+                obj = event.object
+                if event.type == "ERROR":
+                    code = int(obj.get("code", 0) or 0) if isinstance(obj, dict) else 0
+                    raise ApiError(code, str(obj.get("reason", "")) if isinstance(obj, dict) else "", "watch error")
+                if not isinstance(obj, dict):
+                    continue
+                resource_version = _version(obj) or resource_version
+                if event.type == "BOOKMARK":
+                    continue
+                with self._lock:
+                    if event.type == "DELETED":
+                        self._objects.pop(_key(obj), None)
+                    else:
+                        self._objects[_key(obj)] = obj
+                self._changed()
+
+
+class ClusterCache:
+    """ResourceSlices (tessera's driver only), DeviceClasses and ResourceClaims, watched."""
+
+    def __init__(self, api: ClusterReader, *, driver: str = DRIVER, watch_timeout: int = 300, **backoff: Any) -> None:
+        selector = f"spec.driver={driver}"
+        self._driver = driver
+        self._index_lock = threading.Lock()
+        self._index: DeviceIndex | None = None
+        self.slices = Reflector(
+            "resourceslices",
+            lambda: api.list_resource_slices(field_selector=selector),
+            lambda rv: api.watch_resource_slices(rv, field_selector=selector, timeout_seconds=watch_timeout),
+            **backoff,
+        )
+        self.classes = Reflector(
+            "deviceclasses",
+            api.list_device_classes,
+            lambda rv: api.watch_device_classes(rv, timeout_seconds=watch_timeout),
+            **backoff,
+        )
+        self.claims = Reflector(
+            "resourceclaims",
+            api.list_resource_claims,
+            lambda rv: api.watch_resource_claims(rv, timeout_seconds=watch_timeout),
+            **backoff,
+        )
+        self._reflectors = (self.slices, self.classes, self.claims)
+
+    def start(self) -> None:
+        for reflector in self._reflectors:
+            reflector.start()
+
+    def stop(self) -> None:
+        for reflector in self._reflectors:
+            reflector._stop.set()
+        for reflector in self._reflectors:
+            reflector.stop(timeout=1.0)
+
+    def synced(self) -> bool:
+        return self.slices.synced.is_set() and self.classes.synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self.slices.synced.wait(timeout) and self.classes.synced.wait(timeout)
+
+    def index(self) -> DeviceIndex | None:
+        """The device snapshot, rebuilt only when the slices changed; None before the first list."""
+        if not self.slices.synced.is_set():
+            return None
+        version = self.slices.version
+        with self._index_lock:
+            if self._index is None or self._index.version != version:
+                self._index = DeviceIndex.from_slices(self.slices.objects(), driver=self._driver, version=version)
+            return self._index
+
+    def device_classes(self) -> dict[str, Obj]:
+        return {str((c.get("metadata") or {}).get("name")): c for c in self.classes.objects()}
+
+    def resource_claims(self) -> list[Obj]:
+        return self.claims.objects()

@@ -1,0 +1,223 @@
+"""The cluster's tessera devices as the checks see them: a snapshot built from ResourceSlices.
+
+Pools follow the scheduler's rule (GatherPools in k8s.io/dynamic-resource-allocation,
+structured/internal/incubating/pools_incubating.go): within a pool only the slices of the highest
+`pool.generation` count, so devices of a pool that is being republished are not seen twice. A pool
+whose slice count does not match `resourceSliceCount` yet is still used (and listed in
+`incomplete_pools`): a warning "matches no device" during a republish would be noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from controller.cluster.schema import split_qualified
+from driver import DRIVER_NAME as DRIVER
+from driver.quantity import quantity_bytes_or_none
+
+if TYPE_CHECKING:
+    from driver.cel import DeviceView
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class InventoryDevice:
+    """One published device. `spec` is the device dict from the slice, untouched."""
+
+    node: str
+    pool: str
+    driver: str
+    spec: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.get("name", ""))
+
+    @property
+    def ref(self) -> str:
+        """How a user finds the device: `<node>/<device>`."""
+        return f"{self.node}/{self.name}"
+
+    def attribute(self, domain: str, name: str) -> Mapping[str, Any] | None:
+        """The attribute's value dict ({"string": ...} etc.) under its qualified or bare key."""
+        attrs = self.spec.get("attributes") or {}
+        value = attrs.get(f"{domain}/{name}")
+        if value is None and domain == self.driver:
+            value = attrs.get(name)
+        return value if isinstance(value, Mapping) else None
+
+    def attribute_map(self, domain: str) -> tuple[tuple[str, str], ...]:
+        """Every attribute of one domain, frozen, for keys over dynamic reads."""
+        out = []
+        for key, value in (self.spec.get("attributes") or {}).items():
+            d, n = split_qualified(key, self.driver)
+            if domain in ("*", d):
+                out.append((f"{d}/{n}", repr(sorted(value.items()) if isinstance(value, Mapping) else value)))
+        return tuple(sorted(out))
+
+    def capacity(self, key: str) -> Mapping[str, Any] | None:
+        """The capacity entry under its exact published key (the scheduler matches keys literally)."""
+        value = (self.spec.get("capacity") or {}).get(key)
+        return value if isinstance(value, Mapping) else None
+
+    def capacity_value(self, domain: str, name: str) -> str | None:
+        caps = self.spec.get("capacity") or {}
+        entry = caps.get(f"{domain}/{name}")
+        if entry is None and domain == self.driver:
+            entry = caps.get(name)
+        return str(entry.get("value")) if isinstance(entry, Mapping) else None
+
+    def capacity_map(self, domain: str) -> tuple[tuple[str, str], ...]:
+        out = []
+        for key, entry in (self.spec.get("capacity") or {}).items():
+            d, n = split_qualified(key, self.driver)
+            if domain in ("*", d) and isinstance(entry, Mapping):
+                out.append((f"{d}/{n}", str(entry.get("value"))))
+        return tuple(sorted(out))
+
+    @cached_property
+    def key_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The attribute and capacity keys the device has: what presence tests, `size()` and iteration
+        over keys can observe."""
+        attrs = frozenset(str(k) for k in (self.spec.get("attributes") or {}))
+        caps = frozenset(str(k) for k in (self.spec.get("capacity") or {}))
+        return attrs, caps
+
+    @property
+    def device_type(self) -> str:
+        value = self.attribute(DRIVER, "type")
+        return str(value.get("string", "")) if value else ""
+
+    @property
+    def allow_multiple(self) -> bool:
+        return bool(self.spec.get("allowMultipleAllocations", False))
+
+    @property
+    def consumes_counters(self) -> bool:
+        return bool(self.spec.get("consumesCounters"))
+
+    @cached_property
+    def memory(self) -> int | None:
+        value = self.capacity_value(self.driver, "memory")
+        return quantity_bytes_or_none(str(value)) if value is not None else None
+
+    @property
+    def product_name(self) -> str:
+        value = self.attribute(DRIVER, "productName")
+        return str(value.get("string", "")) if value else ""
+
+    def describe(self) -> str:
+        """`node-a/gpu-0 (gpu, NVIDIA H100 80GB HBM3)` — what a user needs to recognise the device."""
+        facts = ", ".join(x for x in (self.device_type, self.product_name) if x)
+        return f"{self.ref} ({facts})" if facts else self.ref
+
+    @cached_property
+    def view(self) -> DeviceView:
+        """The CEL input for this device, built once."""
+        from driver.cel import device_view
+
+        return device_view(self.driver, dict(self.spec))
+
+
+_LARGEST_MEMORY = ("largest_memory",)  # its key in DeviceIndex.shape_cache, apart from shape signatures
+
+
+@dataclass(frozen=True)
+class DeviceIndex:
+    """Every device of the watched slices, in the scheduler's first-fit order."""
+
+    devices: tuple[InventoryDevice, ...] = ()
+    incomplete_pools: tuple[str, ...] = ()
+    version: int = 0  # bumped by the cache on every change; lets callers memoise per snapshot
+    # groupings of `devices` by what a set of selectors can see (controller.cluster.devicegroups); lives and dies
+    # with this snapshot
+    shape_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_slices(cls, slices: Iterable[Obj], *, driver: str | None = DRIVER, version: int = 0) -> DeviceIndex:
+        """Group slices per pool, keep the newest generation, collect the devices.
+
+        `driver=None` keeps every driver's slices (e.g. a file with mixed slices).
+        """
+        devices: list[InventoryDevice] = []
+        incomplete: list[str] = []
+        for pool in current_pools(slices, driver=driver):
+            if not pool.complete:
+                incomplete.append(pool.name)
+            for s in pool.slices:
+                spec = s["spec"]
+                for dev in spec.get("devices") or ():
+                    if isinstance(dev, Mapping):
+                        node = dev.get("nodeName") or spec.get("nodeName") or pool.name
+                        devices.append(InventoryDevice(str(node), pool.name, pool.driver, dev))
+        return cls(tuple(devices), tuple(incomplete), version)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({d.node for d in self.devices}))
+
+    def largest_memory(self) -> tuple[int, InventoryDevice] | None:
+        """The device with the most `memory` capacity: no share larger than this can ever be placed."""
+        # a walk over every device: once per snapshot, not per review (~20 ms at 100,000 GPUs)
+        if _LARGEST_MEMORY in self.shape_cache:
+            cached: tuple[int, InventoryDevice] | None = self.shape_cache[_LARGEST_MEMORY]
+            return cached
+        best: tuple[int, InventoryDevice] | None = None
+        for dev in self.devices:
+            mem = dev.memory
+            if mem is not None and (best is None or mem > best[0]):
+                best = (mem, dev)
+        self.shape_cache[_LARGEST_MEMORY] = best
+        return best
+
+    def of_type(self, device_type: str) -> tuple[InventoryDevice, ...]:
+        return tuple(d for d in self.devices if d.device_type == device_type)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The slices of one (driver, pool) that count: those of the newest generation, by name."""
+
+    driver: str
+    name: str
+    slices: tuple[Obj, ...]
+    complete: bool  # as many slices as `resourceSliceCount` says
+
+
+def current_pools(slices: Iterable[Obj], *, driver: str | None = DRIVER) -> list[Pool]:
+    """Group slices per pool and keep the newest generation, pools sorted by (driver, name) as the
+    scheduler walks them. `driver=None` keeps every driver's slices."""
+    pools: dict[tuple[str, str], list[Obj]] = {}
+    for item in slices:
+        spec = item.get("spec") if isinstance(item, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        slice_driver = str(spec.get("driver", ""))
+        if driver is not None and slice_driver != driver:
+            continue
+        pool = spec.get("pool") or {}
+        pools.setdefault((slice_driver, str(pool.get("name", ""))), []).append(item)
+    out = []
+    for (slice_driver, pool_name), items in sorted(pools.items()):
+        newest = max(_generation(s) for s in items)
+        current = sorted((s for s in items if _generation(s) == newest), key=_slice_name)
+        want = (current[0]["spec"].get("pool") or {}).get("resourceSliceCount")
+        complete = not (isinstance(want, int) and want != len(current))
+        out.append(Pool(slice_driver, pool_name, tuple(current), complete))
+    return out
+
+
+def _generation(item: Obj) -> int:
+    gen = ((item.get("spec") or {}).get("pool") or {}).get("generation", 0)
+    return gen if isinstance(gen, int) else 0
+
+
+def _slice_name(item: Obj) -> str:
+    return str((item.get("metadata") or {}).get("name", ""))

@@ -1,0 +1,55 @@
+"""The static types the selector checker infers, and the names macros and cel.bind put in scope.
+
+Types are plain names; "dyn" is unknown. The device variable and its parts have internal shapes:
+device, attrs (domain -> attribute map), attrmap (name -> value), caps, capmap (name -> quantity);
+CEL sees all of them as maps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from driver.cel.limits import MAX_STRING_SIZE
+
+UNBOUNDED = 1 << 40
+
+DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+
+
+@dataclass(frozen=True)
+class T:
+    name: str
+    size: int = UNBOUNDED  # max size for strings/lists/maps (for cost), unbounded if unknown
+    domain: str | None = None  # for attrmap/capmap: the resolved domain ("*" if dynamic)
+    elem: str = "dyn"  # element type of lists, value type of maps
+
+
+DYN = T("dyn", MAX_STRING_SIZE)
+BOOL, INT, QUANTITY = T("bool", 1), T("int", 1), T("quantity", 1)
+# An attribute value: statically `any` in the scheduler's environment (list-type attributes off).
+ATTRIBUTE_VALUE = T("dyn", MAX_STRING_SIZE, domain="attribute-value")
+
+
+def compatible(actual: str, expected: str) -> bool:
+    return expected == "*" or actual in ("dyn", expected)
+
+
+def cel_type_name(t: T) -> str:
+    """The CEL type name of t: the device shapes are all maps to CEL."""
+    return {"device": "map", "attrs": "map", "attrmap": "map", "caps": "map", "capmap": "map"}.get(t.name, t.name)
+
+
+def literal_element_type(t: T) -> str:
+    """The type a list/map literal element has for the homogeneity check: attribute values are `any`,
+    which (unlike dyn) does not mix with concrete types."""
+    return "any" if t.domain == "attribute-value" else cel_type_name(t)
+
+
+@dataclass
+class Scope:
+    """Names bound by macros and cel.bind, with what they stand for."""
+
+    vars: dict[str, T] = field(default_factory=dict)
+
+    def child(self, **bindings: T) -> Scope:
+        return Scope({**self.vars, **bindings})

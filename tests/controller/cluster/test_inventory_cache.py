@@ -1,0 +1,310 @@
+"""The controller's inventory: devices from slices (pool generations), memory usage, and the
+list+watch cache kept current against the in-memory apiserver."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from controller.cluster.informer import ClusterCache, Reflector
+from controller.cluster.inventory import DeviceIndex
+from controller.cluster.memoryusage import memory_usage
+from driver.discovery import load_inventory
+from driver.kubeapi import ApiError, WatchEvent
+from driver.slices import build_slices
+from tests.fakes.cluster import FakeCluster, device_class
+
+
+def gpu(name: str, memory: str = "80Gi", **attrs) -> dict:
+    attributes = {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"}}
+    attributes.update({k: {"string": v} for k, v in attrs.items()})
+    return {"name": name, "allowMultipleAllocations": True, "attributes": attributes,
+            "capacity": {"memory": {"value": memory}}}
+
+
+def slice_(node: str, devices: list[dict], generation: int = 0, count: int = 1, name: str | None = None,
+           driver: str = "gpu.tessera.dev") -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node}-{generation}"},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                 "devices": devices},
+    }
+
+
+# -- DeviceIndex ------------------------------------------------------------------------------
+
+
+def test_index_keeps_only_the_newest_generation_of_a_pool():
+    old = slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")], generation=1)
+    new = slice_("node-a", [gpu("gpu-0")], generation=2)
+    index = DeviceIndex.from_slices([old, new])
+    assert [d.ref for d in index.devices] == ["node-a/gpu-0"]
+
+
+def test_index_reports_pools_whose_slice_count_does_not_match_yet():
+    partial = slice_("node-a", [gpu("gpu-0")], count=2)
+    index = DeviceIndex.from_slices([partial, slice_("node-b", [gpu("gpu-0")])])
+    assert index.incomplete_pools == ("node-a",)
+    assert len(index) == 2  # still counted: a warning during a republish would be noise
+
+
+def test_index_ignores_other_drivers_unless_asked():
+    nic = slice_("node-a", [{"name": "nic-0"}], driver="nic.example.com", name="nic")
+    assert len(DeviceIndex.from_slices([nic])) == 0
+    assert len(DeviceIndex.from_slices([nic], driver=None)) == 1
+
+
+def test_device_lookup_of_bare_and_qualified_attributes():
+    dev = gpu("gpu-0")
+    dev["attributes"]["resource.kubernetes.io/pcieRoot"] = {"string": "pci0000:17"}
+    [device] = DeviceIndex.from_slices([slice_("node-a", [dev])]).devices
+    assert device.attribute("gpu.tessera.dev", "type") == {"string": "gpu"}
+    assert device.attribute("gpu.tessera.dev", "pcieRoot") is None
+    assert device.attribute("resource.kubernetes.io", "pcieRoot") == {"string": "pci0000:17"}
+    assert device.memory == 80 << 30
+    assert device.describe() == "node-a/gpu-0 (gpu, NVIDIA H100 80GB HBM3)"
+
+
+def test_largest_memory_names_the_device():
+    index = DeviceIndex.from_slices([slice_("a", [gpu("gpu-0", "16Gi")]), slice_("b", [gpu("gpu-0", "80Gi")])])
+    size, device = index.largest_memory()
+    assert size == 80 << 30 and device.ref == "b/gpu-0"
+
+
+def test_index_from_real_slices_of_a_simulated_node():
+    slices = build_slices(load_inventory("node-a", simulate="dgx-h100-8"), mig_strategy="static")
+    index = DeviceIndex.from_slices(slices)
+    assert len(index.of_type("gpu")) == 8
+    assert index.nodes == ("node-a",)
+
+
+# -- memory usage -------------------------------------------------------------------------------
+
+
+def allocated_claim(*results: dict) -> dict:
+    return {"metadata": {"name": "c", "namespace": "default"},
+            "status": {"allocation": {"devices": {"results": list(results)}}}}
+
+
+def test_memory_usage_counts_shares_and_whole_devices():
+    index = DeviceIndex.from_slices([slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")])])
+    claims = [
+        allocated_claim({"request": "r", "driver": "gpu.tessera.dev", "pool": "node-a", "device": "gpu-0",
+                         "shareID": "x", "consumedCapacity": {"memory": "4Gi"}}),
+        allocated_claim({"request": "r", "driver": "gpu.tessera.dev", "pool": "node-a", "device": "gpu-1"}),
+        allocated_claim({"request": "r", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}),
+        {"metadata": {"name": "pending"}},
+    ]
+    usage = memory_usage(index, claims)["node-a"]
+    assert usage.total == 160 << 30
+    assert usage.allocated == (4 << 30) + (80 << 30)
+    assert usage.free == 76 << 30
+
+
+def test_memory_usage_does_not_count_dynamic_mig_placements_twice():
+    slices = build_slices(load_inventory("node-a", simulate="dgx-h100-8"), mig_strategy="dynamic")
+    index = DeviceIndex.from_slices(slices)
+    usage = memory_usage(index, [])["node-a"]
+    whole = sum(d.memory for d in index.of_type("gpu"))
+    assert usage.total == whole
+    assert usage.allocated == 0
+
+
+# -- Reflector / ClusterCache -------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return True
+        done.wait(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def cluster():
+    api = FakeCluster()
+    yield api
+    api.close_watches()
+
+
+@pytest.fixture
+def cache(cluster):
+    c = ClusterCache(cluster, watch_timeout=1, backoff_initial=0.01, backoff_max=0.05)
+    yield c
+    cluster.close_watches()
+    c.stop()
+
+
+def test_cache_lists_then_follows_slice_events(cluster, cache):
+    cluster.create_resource_slice(slice_("node-a", [gpu("gpu-0")], name="s-a"))
+    cache.start()
+    assert cache.wait_synced(5)
+    assert [d.ref for d in cache.index().devices] == ["node-a/gpu-0"]
+    assert wait_for(cluster.watching)
+
+    cluster.create_resource_slice(slice_("node-b", [gpu("gpu-0")], name="s-b"))
+    assert wait_for(lambda: len(cache.index()) == 2)
+    cluster.delete_resource_slice("s-a")
+    assert wait_for(lambda: [d.ref for d in cache.index().devices] == ["node-b/gpu-0"])
+
+
+def test_cache_watches_only_tessera_slices(cluster, cache):
+    cache.start()
+    assert cache.wait_synced(5)
+    assert wait_for(cluster.watching)
+    cluster.create_resource_slice(slice_("node-a", [{"name": "nic-0"}], driver="nic.example.com", name="nic"))
+    cluster.create_resource_slice(slice_("node-a", [gpu("gpu-0")], name="s-a"))
+    assert wait_for(lambda: len(cache.index()) == 1)
+    assert cache.index().devices[0].name == "gpu-0"
+
+
+def test_cache_follows_device_classes_and_claims(cluster, cache):
+    cluster.add_device_class(device_class("gpu.tessera.dev", 'device.driver == "gpu.tessera.dev"'))
+    cache.start()
+    assert cache.wait_synced(5)
+    assert set(cache.device_classes()) == {"gpu.tessera.dev"}
+    assert wait_for(cluster.watching)
+    cluster.add_device_class(device_class("mig.gpu.tessera.dev", "true"))
+    cluster.add_claim_watched({"metadata": {"name": "c1", "namespace": "ns"}, "spec": {}})
+    assert wait_for(lambda: set(cache.device_classes()) == {"gpu.tessera.dev", "mig.gpu.tessera.dev"})
+    assert wait_for(lambda: [c["metadata"]["name"] for c in cache.resource_claims()] == ["c1"])
+    cluster.delete_device_class("gpu.tessera.dev")
+    assert wait_for(lambda: set(cache.device_classes()) == {"mig.gpu.tessera.dev"})
+
+
+def test_index_is_none_before_the_first_list(cluster):
+    cluster.fail_next(1000, status=503, reason="ServiceUnavailable")
+    c = ClusterCache(cluster, watch_timeout=1, backoff_initial=0.01, backoff_max=0.02)
+    c.start()
+    try:
+        assert wait_for(lambda: c.slices.errors >= 2)
+        assert c.index() is None
+        assert not c.synced()
+    finally:
+        c.stop()
+
+
+def test_cache_recovers_after_the_apiserver_comes_back(cluster, cache):
+    cluster.create_resource_slice(slice_("node-a", [gpu("gpu-0")], name="s-a"))
+    cluster.fail_next(3, status=0)
+    cache.start()
+    assert cache.wait_synced(5)
+    assert len(cache.index()) == 1
+    assert cache.slices.errors + cache.classes.errors + cache.claims.errors >= 1
+
+
+def test_reflector_relists_when_the_watch_expires():
+    lists = []
+    relisted = threading.Event()
+    release = threading.Event()
+
+    def list_fn():
+        lists.append(1)
+        items = [{"metadata": {"name": f"o{len(lists)}", "resourceVersion": str(len(lists))}}]
+        return {"metadata": {"resourceVersion": str(len(lists))}, "items": items}
+
+    def watch_fn(rv):
+        if len(lists) == 1:
+            yield WatchEvent("ERROR", {"code": 410, "reason": "Expired"})
+            return
+        relisted.set()
+        release.wait(5)
+
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    r.start()
+    try:
+        assert relisted.wait(5)
+        assert [o["metadata"]["name"] for o in r.objects()] == ["o2"]
+        assert r.errors == 0  # an expired watch is routine, not an error
+    finally:
+        release.set()
+        r.stop()
+
+
+def test_reflector_applies_bookmarks_without_changing_objects():
+    versions = []
+
+    def watch_fn(rv):
+        versions.append(rv)
+        if len(versions) == 1:
+            yield WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "42"}})
+            return
+        raise ApiError(0, "Unreachable", "stop")
+
+    r = Reflector("things", lambda: {"metadata": {"resourceVersion": "7"}, "items": []}, watch_fn,
+                  backoff_initial=0.01, backoff_max=0.01)
+    r.start()
+    try:
+        assert wait_for(lambda: len(versions) >= 2)
+        assert versions[:2] == ["7", "42"]
+        assert r.objects() == []
+    finally:
+        r.stop()
+
+
+def test_reflector_survives_an_unexpected_exception():
+    calls = []
+
+    def list_fn():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("malformed answer")
+        return {"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {"name": "a"}}]}
+
+    release = threading.Event()
+
+    def watch_fn(rv):
+        release.wait(5)
+        return iter(())
+
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    r.start()
+    try:
+        assert r.synced.wait(5)
+        assert [o["metadata"]["name"] for o in r.objects()] == ["a"]
+        assert r.errors == 1
+    finally:
+        release.set()
+        r.stop()
+
+
+class _RecordingStop:
+    """Stands in for a reflector's stop event: records each backoff wait instead of sleeping."""
+
+    def __init__(self, waits_until_stop: int) -> None:
+        self.waits: list[float] = []
+        self._limit = waits_until_stop
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self._limit
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_reflector_backs_off_exponentially_up_to_its_cap_and_starts_over_after_a_list(monkeypatch):
+    lists = []
+
+    def list_fn():
+        lists.append(1)
+        if len(lists) <= 4:
+            raise ApiError(503, "ServiceUnavailable")
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch_fn(rv):
+        raise ApiError(0, "Unreachable", "connection refused")
+
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=1.0, backoff_max=4.0)
+    stop = _RecordingStop(waits_until_stop=5)
+    monkeypatch.setattr(r, "_stop", stop)
+    r._run()
+    # four failed lists, then a good list whose watch fails: the delay starts over
+    for waited, base in zip(stop.waits, [1.0, 2.0, 4.0, 4.0, 1.0], strict=True):
+        assert 0.8 * base <= waited <= min(1.2 * base, 4.0), stop.waits
+    assert r.errors == 5

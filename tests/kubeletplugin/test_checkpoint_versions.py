@@ -1,0 +1,142 @@
+"""Checkpoint formats across upgrades and rollbacks, with files the previous format really wrote.
+
+`tests/kubeletplugin/fixtures/checkpoint/format1.json` was written by the last format-1 build (branch harden-node,
+f63a5b8) preparing a whole GPU and a 10Gi share. The previous build's reader is taken from git
+history, so "a rollback can read what this build wrote" is checked against the code that would run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kubeletplugin.checkpoint import (
+    FILE_NAME,
+    FORMAT,
+    CheckpointFromNewerBuild,
+    CheckpointStore,
+    ClaimState,
+    encode,
+)
+from tests.builders.checkpoint import full_entry
+from tests.builders.claims import UID, share
+from tests.builders.state import UID2, make_state, prepare
+from tests.paths import REPO
+
+FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint" / "format1.json"
+
+
+def _install_format1(tmp_path: Path) -> Path:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    target = state_dir / FILE_NAME
+    shutil.copy(FIXTURE, target)
+    target.chmod(0o600)
+    return target
+
+
+def test_a_format_1_file_is_read_and_every_claim_restored(tmp_path: Path) -> None:
+    _install_format1(tmp_path)
+    state = make_state(tmp_path)
+    report = state.recover()
+    entries = state.store.load()
+    assert sorted(entries) == sorted([UID, UID2]) and not report.failed and not report.rolled_back
+    assert all(e.state == ClaimState.PREPARE_COMPLETED for e in entries.values())
+    assert sorted(report.specs_rewritten) == sorted([UID, UID2]), "specs rebuilt from the recorded allocations"
+    assert entries[UID2].mps is not None and entries[UID2].mps.limits_mib == (10 * 1024,)
+    assert not report.rebooted, "a format-1 file records no boot: its daemons are adopted when alive"
+
+
+def test_the_next_write_upgrades_the_file_and_keeps_it_readable_by_format_1(tmp_path: Path) -> None:
+    path = _install_format1(tmp_path)
+    state = make_state(tmp_path)
+    state.recover()
+    prepare(state, [share("gpu-2", "5Gi")], uid="11111111-2222-4333-8444-555555555555", name="new")
+    doc = json.loads(path.read_bytes())
+    assert (doc["version"], doc["format"], doc["bootID"]) == (1, FORMAT, state.store.boot_id)
+    previous = _previous_build_checkpoint_module()
+    entries = previous.decode(path.read_bytes())
+    assert sorted(entries) == sorted([UID, UID2, "11111111-2222-4333-8444-555555555555"])
+
+
+# modules renamed after the previous build, old -> new
+MOVED_MODULES = {"kubeletplugin.types": "kubeletplugin.kubeletclaims"}
+
+
+def _previous_build_checkpoint_module() -> ModuleType:
+    """kubeletplugin/checkpoint.py as the newest commit before format 2 had it, loaded from git."""
+    from e2e.node.previous_build import NoPreviousBuild, last_commit_without
+
+    try:
+        commit = last_commit_without("kubeletplugin/checkpoint.py", "READABLE_SINCE")
+    except NoPreviousBuild as exc:
+        pytest.skip(str(exc))
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:kubeletplugin/checkpoint.py"],
+                            capture_output=True, text=True, check=True).stdout
+    # the old file imports the current tree: follow the modules renamed since
+    for old, new in MOVED_MODULES.items():
+        source = source.replace(f"from {old} import", f"from {new} import")
+    spec = importlib.util.spec_from_loader(f"checkpoint_{commit[:8]}", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    exec(compile(source, f"{commit[:8]}:kubeletplugin/checkpoint.py", "exec"), module.__dict__)
+    return module
+
+
+def test_a_file_from_a_newer_incompatible_build_is_kept_and_stops_the_agent(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-a")
+    store.save({UID: full_entry(UID)})
+    doc = json.loads(store.path.read_bytes())
+    doc["version"], doc["format"] = FORMAT + 1, FORMAT + 1
+    store.path.write_text(json.dumps(doc))
+    fresh = CheckpointStore(tmp_path, boot_id="boot-a")
+    with pytest.raises(CheckpointFromNewerBuild, match=f"reads formats up to {FORMAT}: roll the DaemonSet forward"):
+        fresh.load()
+    assert json.loads(store.path.read_bytes()) == doc, "the newer build's claims are left as they were"
+    assert not list(tmp_path.glob(f"{FILE_NAME}.corrupt-*"))
+
+
+def test_mps_daemons_of_another_boot_are_started_again_not_adopted(tmp_path: Path) -> None:
+    first = make_state(tmp_path)
+    first.store.boot_id = "boot-a"
+    prepare(first, [share("gpu-1", "10Gi")])
+    same_boot = make_state(tmp_path)
+    same_boot.store.boot_id = "boot-a"
+    report = same_boot.recover()
+    assert not report.rebooted and report.mps_restarted == []
+    rebooted = make_state(tmp_path)
+    rebooted.store.boot_id = "boot-b"
+    report = rebooted.recover()
+    assert report.rebooted and report.mps_restarted == [UID]
+    assert json.loads(rebooted.store.path.read_bytes())["bootID"] == "boot-b"
+
+
+def test_encode_records_the_boot() -> None:
+    doc = json.loads(encode({}, "0f0e0d0c-boot"))
+    assert doc["bootID"] == "0f0e0d0c-boot" and doc["version"] == 1 and doc["format"] == FORMAT
+
+
+def test_the_plugin_refuses_to_start_on_a_newer_builds_checkpoint(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from kubeletplugin.plugin import PluginConfig, run_plugin
+    from tests.fakes.apiserver import FakeKubeAPI
+
+    state_dir = tmp_path / "state"
+    store = CheckpointStore(state_dir)
+    store.save({UID: full_entry(UID)})
+    doc = json.loads(store.path.read_bytes())
+    doc["version"], doc["format"] = FORMAT + 1, FORMAT + 1
+    store.path.write_text(json.dumps(doc))
+    config = PluginConfig(node_name="node-a", kubelet_dir=tmp_path / "k", cdi_dir=tmp_path / "cdi",
+                          state_dir=state_dir, simulate="mixed", metrics_addr="127.0.0.1:0")  # fmt: skip
+    assert run_plugin(config, api=FakeKubeAPI()) == 1
+    assert "written by a newer tessera" in capsys.readouterr().out
+    assert json.loads(store.path.read_bytes()) == doc

@@ -1,0 +1,198 @@
+"""Recovery and retry paths of DeviceState that the main state tests did not pin down.
+
+Found by mutation testing (docs/reliability.md, `make mutation`): each test here fails on a
+mutant that survived the other tests, and on the defect that mutant stands for.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubeletplugin.checkpoint import FILE_NAME
+from kubeletplugin.state import DeviceState
+from tests.builders.claims import UID, gpu_config, inventory, result, share
+from tests.builders.state import UID2, Crash, crash_at, env_of, make_state, prepare, ref, simulated_mps, spec_of
+
+MIG = "h100-16-mig"
+
+
+class Recorder:
+    """Stands in for a module's structlog logger: records events with their bound and given fields.
+
+    (structlog.testing.capture_logs misses loggers cached before it, which other tests' log setup causes.)
+    """
+
+    def __init__(self, events: list[dict[str, Any]] | None = None, **context: Any) -> None:
+        self.events = [] if events is None else events
+        self.context = context
+
+    def bind(self, **kw: Any) -> Recorder:
+        return Recorder(self.events, **{**self.context, **kw})
+
+    def _record(self, level: str, event: str, **kw: Any) -> None:
+        self.events.append({"event": event, "log_level": level, **self.context, **kw})
+
+    def debug(self, event: str, **kw: Any) -> None:
+        self._record("debug", event, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._record("info", event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._record("warning", event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._record("error", event, **kw)
+
+    def exception(self, event: str, **kw: Any) -> None:
+        self._record("error", event, **kw)
+
+
+def test_restore_recreates_every_vanished_instance_not_only_up_to_a_live_one(tmp_path: Path) -> None:
+    state = make_state(tmp_path, MIG)
+    assert not prepare(state, [result("gpu-1-mig-1g10gb-0", "mig"), result("gpu-1-mig-1g10gb-2", "mig")]).error
+    first, second = state.prepared_claims()[UID].migs
+    state.mig.destroy(second)  # a GPU reset took the second instance; the first is alive
+    restarted = make_state(tmp_path, MIG)
+    report = restarted.recover()
+    assert report.migs_recreated == [UID]
+    kept, recreated = restarted.prepared_claims()[UID].migs
+    assert kept == first and restarted.mig.exists(recreated) and recreated.placement == second.placement
+    assert env_of(spec_of(restarted))["CUDA_VISIBLE_DEVICES"] == f"{first.uuid},{recreated.uuid}"
+
+
+def test_restore_of_a_dynamic_mig_share_under_mps_restarts_its_daemon_on_the_new_instance(tmp_path: Path) -> None:
+    state = make_state(tmp_path, MIG)
+    mps = [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 40})]
+    assert not prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")], mps).error
+    (old,) = state.mig.created()
+    state.mig.destroy(old)
+    simulated_mps(state).registry.unlink()  # the node rebooted: instance and daemon gone
+    restarted = make_state(tmp_path, MIG)
+    report = restarted.recover()
+    assert report.mps_restarted == [UID]
+    (new,) = restarted.mig.created()
+    daemon = simulated_mps(restarted).daemons()[UID]
+    assert daemon.gpu_uuids == (new.uuid,)
+    assert daemon.active_thread_percentage == 40
+    assert restarted.prepared_claims()[UID].mps == daemon
+
+
+def test_restore_restarts_a_daemon_with_its_thread_percentage(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    config = [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 25})]
+    assert not prepare(state, [share("gpu-0", "4Gi")], config).error
+    before = simulated_mps(state).daemons()[UID]
+    simulated_mps(state).registry.unlink()
+    restarted = make_state(tmp_path)
+    assert restarted.recover().mps_restarted == [UID]
+    assert simulated_mps(restarted).daemons()[UID] == before
+    assert before.active_thread_percentage == 25
+
+
+def test_restore_of_a_static_mig_claim_rebuilds_its_spec(tmp_path: Path) -> None:
+    state = make_state(tmp_path, "mixed")
+    instance = inventory("mixed").gpu_by_index(1).mig_instances[0]
+    name = f"gpu-1-mig-{instance.profile.replace('.', '')}-{instance.placement_start}"
+    assert not prepare(state, [result(name, "mig")]).error
+    original = spec_of(state)
+    (state.cdi_dir / f"gpu.tessera.dev-claim_{UID}.json").unlink()
+    restarted = make_state(tmp_path, "mixed")
+    report = restarted.recover()
+    assert report.failed == {} and report.specs_rewritten == [UID]
+    assert spec_of(restarted) == original
+
+
+def test_a_legacy_entry_without_an_allocation_is_reported_with_the_way_out(tmp_path: Path) -> None:
+    import json
+
+    state = make_state(tmp_path)
+    assert not prepare(state, [result("gpu-0")]).error
+    path = state.state_dir / FILE_NAME
+    doc = json.loads(path.read_bytes())
+    del doc["claims"][UID]["allocation"]  # what an older tessera wrote
+    from kubeletplugin.checkpoint import _canonical
+
+    doc["checksum"] = "sha256:" + __import__("hashlib").sha256(_canonical(doc["claims"])).hexdigest()
+    path.write_text(json.dumps(doc))
+    report = make_state(tmp_path).recover()
+    assert report.failed[UID] == (
+        "checkpoint entry of claim team-a/claim records no allocation (written by an older tessera), so its CDI "
+        "spec cannot be rebuilt; if the spec is gone, delete the pod so that kubelet prepares the claim again"
+    )
+
+
+def test_a_retried_prepare_reuses_only_an_unowned_instance_at_its_own_placement(tmp_path: Path) -> None:
+    state = make_state(tmp_path, MIG)
+    assert not prepare(state, [result("gpu-1-mig-1g10gb-0", "mig")], uid=UID2, name="other").error
+    (owned,) = state.mig.created()
+    gpu = inventory(MIG).gpu_by_index(1)
+    from driver.mig import layout_for
+
+    layout = layout_for(gpu.product_name)
+    assert layout is not None
+    leaked = state.mig.create(gpu, layout.profile("1g.10gb"), 4)  # unowned, but not at this claim's placement
+    crashing = make_state(tmp_path, MIG, crash_at("after-checkpoint-started"))
+    with pytest.raises(Crash):
+        prepare(crashing, [result("gpu-1-mig-1g10gb-2", "mig")])
+    retry = make_state(tmp_path, MIG)
+    assert not prepare(retry, [result("gpu-1-mig-1g10gb-2", "mig")]).error
+    (mine,) = retry.prepared_claims()[UID].migs
+    assert mine.placement == 2 and mine not in (owned, leaked)
+    assert retry.prepared_claims()[UID2].migs == (owned,)
+
+
+def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kubeletplugin.checkpoint
+
+    state = make_state(tmp_path)
+    assert not prepare(state, [result("gpu-0")]).error
+    (state.state_dir / FILE_NAME).write_text("{garbage")
+    recorder = Recorder()
+    monkeypatch.setattr(kubeletplugin.checkpoint, "log", recorder)
+    assert make_state(tmp_path).prepared_claims() == {}
+    logs = recorder.events
+    (aside,) = state.state_dir.glob(f"{FILE_NAME}.corrupt-*")
+    assert re.fullmatch(r"checkpoint\.json\.corrupt-\d{8}T\d{6}\.\d{6}Z", aside.name), aside.name
+    (event,) = [e for e in logs if e["event"].startswith("checkpoint unusable")]
+    assert event["event"] == "checkpoint unusable; moved aside and starting with no prepared claims"
+    assert event["path"] == str(state.state_dir / FILE_NAME)
+    assert event["moved_to"] == str(aside)
+    assert "not valid JSON" in event["reason"]
+    assert event["log_level"] == "error"
+
+
+def test_logs_name_the_claim_and_the_orphan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubeletplugin.recovery
+    import kubeletplugin.state
+
+    state: DeviceState = make_state(tmp_path)
+    assert not prepare(state, [result("gpu-0")]).error
+    recorder = Recorder()
+    monkeypatch.setattr(kubeletplugin.state, "log", recorder)
+    monkeypatch.setattr(kubeletplugin.recovery, "log", recorder)
+    state.unprepare(ref())
+    (state.cdi_dir / f"gpu.tessera.dev-claim_{UID2}.json").write_text("{}")
+    state.unprepare(ref(UID2, "stray"))
+    (state.state_dir / "mps" / "not a uid").mkdir(parents=True)
+    state.recover()
+    events = {e["event"]: e for e in recorder.events}
+    assert "claim unprepared" not in events  # the gRPC layer logs the outcome, once
+    stray = events["removed a CDI spec of a claim not in the checkpoint"]
+    assert (stray["claim_uid"], stray["claim"]) == (UID2, "team-a/stray")
+    failed = events["orphan cleanup failed"]
+    assert failed["orphan"] == "mps:not a uid" and failed["log_level"] == "error"
+
+
+def test_a_running_daemon_with_a_thread_percentage_is_adopted_not_restarted(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    config = [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 25})]
+    assert not prepare(state, [share("gpu-0", "4Gi")], config).error
+    report = make_state(tmp_path).recover()
+    assert report.mps_restarted == [] and report.failed == {}
