@@ -414,7 +414,7 @@ def _capacity_errors(value: Any) -> list[FieldError]:
     "value", ["132", "80Gi", "1.5", "500m", "1k", "1E", "1e3", "2E-3", ".5Ki", "+3", "-1", "1n", "Gi", 7, 1.5, 1e21]
 )
 def test_quantities_the_apiserver_accepts_pass(value: Any) -> None:
-    # driver.quantity parses like apimachinery (tests/test_cel_quantity.py pins the values); the
+    # driver.quantity parses like apimachinery (tests/driver/test_quantity.py pins the values); the
     # validator reads a JSON number by its text, as the apiserver does.
     assert _capacity_errors(value) == []
 
