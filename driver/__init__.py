@@ -1,6 +1,5 @@
 """tessera's core: device model, discovery, ResourceSlices, config, CDI, CEL. Free of gRPC and webhook code."""
 
+# The driver's name, defined here once: every package imports the package anyway, and the name is the
+# identity of the whole driver (DeviceClass, ResourceSlice driver, attribute domain, CDI vendor, config group).
 DRIVER_NAME = "gpu.tessera.dev"
-CDI_VENDOR = "gpu.tessera.dev"
-CDI_CLASS = "claim"
-CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"

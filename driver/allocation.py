@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from driver import DRIVER_NAME
 from driver.config import (
     ConfigError,
     EffectiveSharing,
@@ -18,15 +19,13 @@ from driver.config import (
     config_applies,
     decode_gpu_config,
     merge_configs,
-    quantity_bytes,
     resolve_sharing,
 )
 from driver.errors import InvalidInputError
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu, Inventory, MigInstance
 from driver.names import mig_profile_token
-
-DRIVER_NAME = "gpu.tessera.dev"
+from driver.quantity import quantity_bytes
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)\Z")
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([0-9a-z]+)-(\d+)\Z")
@@ -269,7 +268,6 @@ def _decode_configs(entries: list[Any], driver: str) -> list[tuple[tuple[str, ..
 
 
 __all__ = [
-    "DRIVER_NAME",
     "AllocatedDevice",
     "AllocationError",
     "ClaimAllocation",

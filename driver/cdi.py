@@ -12,19 +12,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from driver import DRIVER_NAME
+from driver.atomicfile import fsync_dir, write_atomic
 from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
 
-CDI_VENDOR = "gpu.tessera.dev"
+# The CDI vendor is the driver name, so a device id (`gpu.tessera.dev/claim=...`) says which driver made it.
+CDI_VENDOR = DRIVER_NAME
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
@@ -265,38 +267,6 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     return "0.3.0"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
-    """Replace `path` with `data`: temp file in the same dir (not named *.json), fsync, rename, fsync the dir.
-
-    `durable=False` skips both fsyncs: the rename still outlives a killed process, only not a power loss.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:
-            # write/fsync errors (a full or read-only disk) name no file; say which one could not be written
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
-    if durable:
-        _fsync_dir(path.parent)
-
-
 def write_spec(cdi_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
     """Write (or replace) a claim's spec atomically, 0644 in a 0755 directory, and return its path."""
     path = spec_path(cdi_dir, claim_uid)
@@ -332,7 +302,7 @@ def remove_spec(cdi_dir: Path, claim_uid: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    _fsync_dir(cdi_dir)
+    fsync_dir(cdi_dir)
     log.debug("cdi spec removed", claim_uid=claim_uid, path=str(path))
     return True
 
@@ -349,7 +319,3 @@ def claim_spec_uids(cdi_dir: Path) -> list[str]:
             if _CLAIM_UID.match(uid):
                 uids.append(uid)
     return uids
-
-
-def cdi_ids(names: Iterable[str]) -> tuple[str, ...]:
-    return tuple(qualified_id(n) for n in names)

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from driver.cel.quantity import Quantity
+from driver import DRIVER_NAME
 from driver.errors import InvalidInputError
+from driver.quantity import parse_quantity
 
-API_VERSION = "gpu.tessera.dev/v1alpha1"
+API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 KIND = "GpuConfig"
 
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
@@ -108,25 +109,6 @@ class EffectiveSharing:
     strategy: Strategy
     active_thread_percentage: int | None = None  # MPS only; None = every SM
     time_slice_interval: str = "Default"  # TimeSlicing only
-
-
-# --- quantities -------------------------------------------------------------------------------
-
-
-def parse_quantity(value: object) -> Quantity:
-    """A Kubernetes quantity as JSON carries it ("12Gi" or a plain integer); ValueError if malformed."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a quantity: {value!r}")
-    if isinstance(value, int):
-        return Quantity.from_int(value)
-    if isinstance(value, str):
-        return Quantity.parse(value)
-    raise ValueError(f"not a quantity: {value!r}")
-
-
-def quantity_bytes(value: object) -> int:
-    """A memory quantity as whole bytes, rounded up the way Kubernetes' `Quantity.Value()` does."""
-    return parse_quantity(value).value()
 
 
 # --- strict decoding --------------------------------------------------------------------------

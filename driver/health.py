@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from driver import DRIVER_NAME
+from driver.grammars import is_label_value
 
 # Errors an application causes on its own GPU (illegal address, MMU fault from its own kernel, a
 # graphics exception, a preempted or killed context): the card is fine, the next pod runs normally.
@@ -33,7 +34,6 @@ XID_DOUBLE_BIT_ECC = 48
 XID_FALLEN_OFF_BUS = 79
 
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 
 
 class EventClass(enum.Enum):
@@ -167,7 +167,7 @@ def taint_time(since: float) -> str:
 def taint_value(value: str) -> str:
     """`value` cut into a label value (the API rejects anything else)."""
     cleaned = re.sub(r"[^-A-Za-z0-9_.]", "-", value)[:63].strip("-_.")
-    return cleaned if _LABEL_VALUE.match(cleaned) else ""
+    return cleaned if is_label_value(cleaned) else ""
 
 
 class GpuConditions:

@@ -59,6 +59,7 @@ from driver import mig, safeyaml
 from driver.errors import DiscoveryError
 from driver.model import Gpu, Inventory, MigInstance
 from driver.nvlink import assign_nvlink_islands
+from driver.quantity import quantity_bytes_or_none
 
 # Fixed namespace so that simulated UUIDs are reproducible everywhere.
 _UUID_NAMESPACE = uuid.UUID("5d1f3c2e-8a4b-4e6f-9c0d-7b2a1e3f4c5d")
@@ -67,20 +68,6 @@ _BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 _PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}\Z")
 _MAJOR_MINOR = re.compile(r"^\d+\.\d+\Z")
 _DRIVER_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\Z")
-_QUANTITY_FACTORS = {
-    None: 1,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "Pi": 1 << 50,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-}
 # Attribute strings are limited to 64 characters by the ResourceSlice API.
 _MAX_STRING = 64
 
@@ -309,14 +296,9 @@ def _int_at_least(minimum: int) -> Callable[[object], int | None]:
     return check
 
 
-def _as_quantity(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        match = _QUANTITY.match(value.strip())
-        if match:
-            return int(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
-    return None
+def _as_bytes(value: object) -> int | None:
+    # Kubernetes' own quantity grammar, so a profile takes any amount a ResourceSlice could publish.
+    return quantity_bytes_or_none(value.strip() if isinstance(value, str) else value, whole=True)
 
 
 def parse_profile(text: str, *, source: str, name: str) -> Profile:
@@ -407,7 +389,7 @@ def _parse_gpu_entry(entry: _Reader, first_index: int) -> list[GpuSpec]:
     )
     if not _MAJOR_MINOR.match(capability):
         raise entry.error("cudaComputeCapability", f'expected major.minor such as "9.0", got {capability!r}')
-    memory = entry.get("memory", _as_quantity, "bytes as an integer or a quantity such as 81559Mi or 80Gi")
+    memory = entry.get("memory", _as_bytes, "bytes as an integer or a quantity such as 81559Mi or 80Gi")
     if memory <= 0:
         raise entry.error("memory", f"expected a positive amount of memory, got {memory}")
     sms = entry.get("multiprocessors", _int_at_least(1), "a positive integer")

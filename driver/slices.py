@@ -11,7 +11,7 @@ MIG is published per `mig_strategy`:
   valid (profile, placement) plus the whole GPU, which consumes every counter; the instance is created at
   prepare time. GPUs without a table fall back to "static".
 
-The result is validated with driver.validation before it is returned: a slice tessera emits must never be
+The result is validated with driver.poolvalidation before it is returned: a slice tessera emits must never be
 rejected by an apiserver or leave the pool unusable for the scheduler.
 """
 
@@ -35,13 +35,13 @@ from driver.names import (
     mig_device_name,
     slice_labels,
 )
+from driver.poolvalidation import validate_pool
 from driver.validation import (
     MAX_COUNTER_SETS,
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
     RESOURCE_API_VERSION,
     FieldError,
-    validate_pool,
 )
 
 log = structlog.get_logger(__name__)

@@ -2,19 +2,28 @@
 
 tessera validates every slice it builds before anything is sent, so a slice that a real apiserver would
 reject (HTTP 422) is caught as a bug in tessera, with the same field paths the apiserver would report.
-`validate_slice` checks one object as the apiserver does on create; `validate_pool` adds the pool-level
-rules that only the scheduler checks (a pool that breaks them is silently unusable, which is worse than
-an error): unique device and counter-set names across slices, resolvable counter references and a
-consistent generation and slice count.
+`validate_slice` checks one object as the apiserver does on create; `driver.poolvalidation.validate_pool`
+adds the rules that only the scheduler checks across the slices of a pool. The name grammars live in
+`driver.grammars`, quantities and versions in `driver.quantity` and `driver.semver`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
+
+from driver.grammars import (
+    DNS_SUBDOMAIN,
+    driver_name_problems,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_value,
+    label_key_problems,
+    qualified_name_errors,
+)
+from driver.quantity import Quantity, parse_quantity
+from driver.semver import Version
 
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 
@@ -26,39 +35,10 @@ MAX_COUNTER_CONSUMPTIONS_PER_DEVICE = 2
 MAX_COUNTERS_PER_CONSUMPTION = 32
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
-MAX_ID_LENGTH = 32
-MAX_DRIVER_NAME_LENGTH = 63
 MAX_POOL_NAME_LENGTH = 253
 MAX_TAINTS = 16
 MAX_VALID_VALUES = 10
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
-_NUM = r"(0|[1-9]\d*)"
-_PRE = r"(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)"
-_BUILD = r"[0-9a-zA-Z-]+"
-_SEMVER = re.compile(rf"^{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+{_BUILD}(\.{_BUILD})*)?\Z")
-_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\Z")
-_SUFFIX_FACTOR: dict[str, Fraction] = {
-    "": Fraction(1),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
 
 _SPEC_FIELDS = {"driver", "pool", "nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection", "devices",
                 "sharedCounters"}
@@ -80,95 +60,15 @@ class FieldError:
         return f"{self.path}: {self.message}"
 
 
-# -- grammars ------------------------------------------------------------------------------------------
+def read_quantity(value: Any) -> Quantity | None:
+    """A quantity field as the apiserver decodes it, or None when it would reject it.
 
-
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
-
-
-def is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
-
-
-def is_c_identifier(value: str) -> bool:
-    return bool(_C_IDENTIFIER.match(value))
-
-
-def is_semver(value: str) -> bool:
-    return bool(_SEMVER.match(value))
-
-
-def parse_quantity(value: Any) -> Fraction | None:
-    """The exact value of a Kubernetes quantity (string or JSON number), or None when it does not parse."""
-    if isinstance(value, bool):
+    The apiserver parses a JSON number's text like a quantity string: 1.5 means "1.5".
+    """
+    try:
+        return parse_quantity(repr(value) if isinstance(value, float) else value)
+    except ValueError:
         return None
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        # The apiserver parses a JSON number's text like a quantity string: 1.5 means "1.5".
-        value = repr(value)
-    if not isinstance(value, str):
-        return None
-    m = _QUANTITY.match(value)
-    if m is None:
-        return None
-    number, suffix = Fraction(m.group(1)), m.group(2) or ""
-    if suffix[:1] in {"e", "E"} and len(suffix) > 1:
-        return number * Fraction(10) ** int(suffix[1:])
-    return number * _SUFFIX_FACTOR[suffix]
-
-
-def qualified_name_errors(name: str) -> list[str]:
-    """Problems with an attribute or capacity key: `<C identifier>` or `<domain>/<C identifier>`."""
-    problems: list[str] = []
-    parts = name.split("/")
-    if len(parts) > 2:
-        # Stricter than the 1.36 apiserver, which lets this through by oversight (a TODO in its validation):
-        # such a key cannot be addressed from CEL or in a constraint, so tessera never publishes one.
-        return ["must be <identifier> or <domain>/<identifier>, with at most one '/'"]
-    ident = parts[-1]
-    if len(parts) == 2:
-        domain = parts[0]
-        if not domain:
-            problems.append("the domain must not be empty")
-        else:
-            problems.extend(_driver_name_problems(domain))
-    if not ident:
-        problems.append("the name must not be empty")
-    else:
-        if len(ident) > MAX_ID_LENGTH:
-            problems.append(f"the name {ident!r} is longer than {MAX_ID_LENGTH} characters")
-        if not is_c_identifier(ident):
-            problems.append(
-                f"the name {ident!r} must be a C identifier ([A-Za-z_][A-Za-z0-9_]*): no '-' or '.', e.g. pciBusID"
-            )
-    return problems
-
-
-def _driver_name_problems(name: str) -> list[str]:
-    problems = []
-    if len(name) > MAX_DRIVER_NAME_LENGTH:
-        problems.append(f"{name!r} is longer than {MAX_DRIVER_NAME_LENGTH} characters")
-    if not _DNS_SUBDOMAIN.match(name.lower()):
-        problems.append(
-            f"{name!r} must be a DNS subdomain (lower case letters, digits, '-' and '.'), e.g. gpu.tessera.dev"
-        )
-    return problems
-
-
-def _label_key_problems(key: str) -> list[str]:
-    prefix, _, name = key.rpartition("/")
-    problems = []
-    if "/" in key and not prefix:
-        problems.append("prefix part must not be empty")
-    if prefix and not is_dns_subdomain(prefix):
-        problems.append(f"prefix {prefix!r} must be a DNS subdomain")
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
-        problems.append(
-            f"name part {name!r} must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
-        )
-    return problems
 
 
 # -- single object ---------------------------------------------------------------------------------------
@@ -224,9 +124,9 @@ def _validate_metadata(c: _Collector, meta: Mapping[str, Any], path: str, requir
         c.add(_join(path, "name"), "name or generateName is required")
     labels = meta.get("labels") or {}
     for key, value in labels.items():
-        for problem in _label_key_problems(str(key)):
+        for problem in label_key_problems(str(key)):
             c.add(_join(path, f"labels[{key}]"), problem)
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        if not is_label_value(value):
             c.add(_join(path, f"labels[{key}]"), f"value {value!r} must be at most 63 characters of [A-Za-z0-9-_.]")
     owners = meta.get("ownerReferences") or []
     controllers = 0
@@ -247,7 +147,7 @@ def _validate_spec(c: _Collector, spec: Mapping[str, Any], path: str) -> None:
     if not driver:
         c.add(_join(path, "driver"), "required")
     else:
-        for problem in _driver_name_problems(str(driver)):
+        for problem in driver_name_problems(str(driver)):
             c.add(_join(path, "driver"), problem)
     _validate_pool_ref(c, spec.get("pool"), _join(path, "pool"))
     _validate_node_selection(c, spec, path)
@@ -272,7 +172,7 @@ def _validate_pool_ref(c: _Collector, pool: Any, path: str) -> None:
         if len(name) > MAX_POOL_NAME_LENGTH:
             c.add(_join(path, "name"), f"must be at most {MAX_POOL_NAME_LENGTH} characters")
         for part in str(name).split("/"):
-            if not _DNS_SUBDOMAIN.match(part):
+            if not DNS_SUBDOMAIN.match(part):
                 c.add(_join(path, "name"),
                       f"segment {part!r} must be a DNS subdomain (pool names are subdomains joined by '/')")
     generation = pool.get("generation")
@@ -376,6 +276,11 @@ def _validate_device(c: _Collector, device: Mapping[str, Any], path: str, per_de
     _validate_consumptions(c, device.get("consumesCounters"), _join(path, "consumesCounters"))
     _validate_taints(c, device.get("taints"), _join(path, "taints"))
 
+    _validate_device_node_selection(c, device, path, per_device_nodes)
+
+
+def _validate_device_node_selection(c: _Collector, device: Mapping[str, Any], path: str,
+                                    per_device_nodes: bool) -> None:
     own_selection = [k for k in ("nodeName", "nodeSelector", "allNodes") if device.get(k) is not None]
     if per_device_nodes:
         if len(own_selection) != 1:
@@ -410,7 +315,9 @@ def _validate_attribute_value(c: _Collector, value: Any, path: str) -> None:
             return
         if len(raw.encode()) > MAX_ATTRIBUTE_VALUE_LENGTH:
             c.add(vpath, f"must be at most {MAX_ATTRIBUTE_VALUE_LENGTH} bytes, has {len(raw.encode())}")
-        if kind == "version" and not is_semver(raw):
+        # Stricter than the apiserver's regex only for numbers past uint64, which the scheduler's semver()
+        # could not parse: such a device could never be selected by version.
+        if kind == "version" and not Version.is_valid(raw):
             c.add(vpath, f"{raw!r} must be a string compatible with semver.org spec 2.0.0 "
                          "(MAJOR.MINOR.PATCH, no leading zeros, no 'v'), e.g. 12.4.0")
 
@@ -420,7 +327,7 @@ def _validate_capacity(c: _Collector, capacity: Any, path: str, shareable: bool)
         c.add(path, "must be an object with a value")
         return
     # A missing value is a zero quantity to the apiserver (the Go field is not a pointer).
-    value = parse_quantity(capacity.get("value", 0))
+    value = read_quantity(capacity.get("value", 0))
     if value is None:
         c.add(_join(path, "value"), f"{capacity.get('value')!r} is not a quantity, e.g. 80Gi or 132")
     policy = capacity.get("requestPolicy")
@@ -434,14 +341,14 @@ def _validate_capacity(c: _Collector, capacity: Any, path: str, shareable: bool)
         _validate_request_policy(c, policy, ppath, value)
 
 
-def _quantity_field(c: _Collector, raw: Any, path: str) -> Fraction | None:
-    q = parse_quantity(raw)
+def _quantity_field(c: _Collector, raw: Any, path: str) -> Quantity | None:
+    q = read_quantity(raw)
     if q is None:
         c.add(path, f"{raw!r} is not a quantity")
     return q
 
 
-def _validate_request_policy(c: _Collector, policy: Mapping[str, Any], path: str, capacity: Fraction) -> None:
+def _validate_request_policy(c: _Collector, policy: Mapping[str, Any], path: str, capacity: Quantity) -> None:
     values, rng = policy.get("validValues"), policy.get("validRange")
     default = None
     if policy.get("default") is not None:
@@ -450,37 +357,40 @@ def _validate_request_policy(c: _Collector, policy: Mapping[str, Any], path: str
         c.add(path, 'exactly one policy can be specified, cannot specify "validValues" and "validRange" '
                     "at the same time")
         return
-    if values:
-        if policy.get("default") is None:
-            c.add(_join(path, "default"), "required when validValues is defined")
-            return
-        vpath = _join(path, "validValues")
-        if len(values) > MAX_VALID_VALUES:
-            c.add(vpath, f"must have at most {MAX_VALID_VALUES} items")
-            return
-        parsed = [_quantity_field(c, v, f"{vpath}[{i}]") for i, v in enumerate(values)]
-        seen: set[Fraction] = set()
-        for i, q in enumerate(parsed):
-            if q is None:
-                continue
-            if i and parsed[i - 1] is not None and parsed[i - 1] > q:  # type: ignore[operator]
-                c.add(f"{vpath}[{i}]", "values must be sorted in ascending order")
-            if q > capacity:
-                c.add(f"{vpath}[{i}]", "option is larger than capacity value")
-            if q in seen:
-                c.add(f"{vpath}[{i}]", "duplicate value")
-            seen.add(q)
-        if default is not None and default not in seen:
-            c.add(vpath, "default value is not valid according to the requestPolicy")
+    if not values and rng is None:
+        return
+    if policy.get("default") is None:
+        c.add(_join(path, "default"), f"required when {'validValues' if values else 'validRange'} is defined")
+    elif values:
+        _validate_valid_values(c, values, _join(path, "validValues"), capacity, default)
     elif rng is not None:
-        if policy.get("default") is None:
-            c.add(_join(path, "default"), "required when validRange is defined")
-            return
         _validate_range(c, rng, _join(path, "validRange"), capacity, default)
 
 
-def _validate_range(c: _Collector, rng: Mapping[str, Any], path: str, capacity: Fraction,
-                    default: Fraction | None) -> None:
+def _validate_valid_values(c: _Collector, values: list[Any], path: str, capacity: Quantity,
+                           default: Quantity | None) -> None:
+    if len(values) > MAX_VALID_VALUES:
+        c.add(path, f"must have at most {MAX_VALID_VALUES} items")
+        return
+    parsed = [_quantity_field(c, v, f"{path}[{i}]") for i, v in enumerate(values)]
+    seen: set[Quantity] = set()
+    for i, q in enumerate(parsed):
+        if q is None:
+            continue
+        previous = parsed[i - 1] if i else None
+        if previous is not None and previous > q:
+            c.add(f"{path}[{i}]", "values must be sorted in ascending order")
+        if q > capacity:
+            c.add(f"{path}[{i}]", "option is larger than capacity value")
+        if q in seen:
+            c.add(f"{path}[{i}]", "duplicate value")
+        seen.add(q)
+    if default is not None and default not in seen:
+        c.add(path, "default value is not valid according to the requestPolicy")
+
+
+def _validate_range(c: _Collector, rng: Mapping[str, Any], path: str, capacity: Quantity,
+                    default: Quantity | None) -> None:
     if rng.get("min") is None:
         c.add(_join(path, "min"), "required when validRange is defined")
         return
@@ -501,20 +411,21 @@ def _validate_range(c: _Collector, rng: Mapping[str, Any], path: str, capacity: 
         if default is not None and default > hi:
             c.add(_join(path, "max"), "default is more than max")
     if step is not None:
-        if step <= 0:
-            c.add(_join(path, "step"), "must be greater than zero")
-            return
-        if lo + step > capacity:
-            c.add(_join(path, "step"), "one step is larger than capacity value")
-        # 1.36 does this check on integer values (Quantity.Value() rounds fractions up).
-        whole_step, whole_min = _ceil(step), _ceil(lo)
-        for label, q in (("default", default), ("max", hi)):
-            if q is not None and (_ceil(q) - whole_min) % whole_step != 0:
-                c.add(_join(path, "step"), f"{label} is not min plus a multiple of step")
+        _validate_step(c, _join(path, "step"), step, lo=lo, hi=hi, capacity=capacity, default=default)
 
 
-def _ceil(q: Fraction) -> int:
-    return -((-q.numerator) // q.denominator)
+def _validate_step(c: _Collector, path: str, step: Quantity, *, lo: Quantity, hi: Quantity | None,
+                   capacity: Quantity, default: Quantity | None) -> None:
+    if step.sign() <= 0:
+        c.add(path, "must be greater than zero")
+        return
+    if lo.add(step) > capacity:
+        c.add(path, "one step is larger than capacity value")
+    # 1.36 does this check on integer values: Quantity.Value(), which rounds fractions up.
+    whole_step, whole_min = step.value(), lo.value()
+    for label, q in (("default", default), ("max", hi)):
+        if q is not None and (q.value() - whole_min) % whole_step != 0:
+            c.add(path, f"{label} is not min plus a multiple of step")
 
 
 def _validate_counter_map(c: _Collector, counters: Any, path: str, limit: int) -> None:
@@ -531,7 +442,7 @@ def _validate_counter_map(c: _Collector, counters: Any, path: str, limit: int) -
         raw = counter.get("value") if isinstance(counter, Mapping) else None
         if raw is None:
             c.add(_join(kpath, "value"), "required")
-        elif parse_quantity(raw) is None:
+        elif read_quantity(raw) is None:
             c.add(_join(kpath, "value"), f"{raw!r} is not a quantity")
 
 
@@ -598,99 +509,11 @@ def _validate_taints(c: _Collector, taints: Any, path: str) -> None:
         if not key:
             c.add(_join(tpath, "key"), "required")
         else:
-            for problem in _label_key_problems(str(key)):
+            for problem in label_key_problems(str(key)):
                 c.add(_join(tpath, "key"), problem)
         value = taint.get("value", "") if isinstance(taint, Mapping) else ""
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        if not is_label_value(value):
             c.add(_join(tpath, "value"), f"{value!r} must be a label value")
         effect = taint.get("effect") if isinstance(taint, Mapping) else None
         if effect not in _TAINT_EFFECTS:
             c.add(_join(tpath, "effect"), f"{effect!r} must be one of {', '.join(_TAINT_EFFECTS)}")
-
-
-# -- a whole pool ------------------------------------------------------------------------------------------
-
-
-def validate_pool(slices: Iterable[Mapping[str, Any]], *, require_name: bool = False) -> list[FieldError]:
-    """Per-slice apiserver rules plus the pool-level rules the scheduler applies to all slices of one pool.
-
-    Paths are prefixed with the slice's position (`[2].spec.devices[0].name`).
-    """
-    items = list(slices)
-    errors: list[FieldError] = []
-    for i, obj in enumerate(items):
-        errors.extend(validate_slice(obj, f"[{i}]", require_name=require_name))
-    if not items:
-        return [FieldError("", "a pool needs at least one slice, even one without devices")]
-
-    specs: list[Mapping[str, Any]] = [_mapping(obj.get("spec")) for obj in items]
-    pools: list[Mapping[str, Any]] = [_mapping(s.get("pool")) for s in specs]
-    first_driver, first_pool = specs[0].get("driver"), pools[0].get("name")
-    for i, (spec, pool) in enumerate(zip(specs, pools, strict=True)):
-        if spec.get("driver") != first_driver:
-            errors.append(FieldError(f"[{i}].spec.driver", f"differs from the pool's driver {first_driver!r}"))
-        if pool.get("name") != first_pool:
-            errors.append(FieldError(f"[{i}].spec.pool.name", f"differs from the pool name {first_pool!r}"))
-        if pool.get("generation") != pools[0].get("generation"):
-            errors.append(FieldError(
-                f"[{i}].spec.pool.generation",
-                f"{pool.get('generation')!r} differs from {pools[0].get('generation')!r}: the scheduler only uses "
-                "the slices of the highest generation, so the pool would be incomplete",
-            ))
-        if pool.get("resourceSliceCount") != len(items):
-            errors.append(FieldError(
-                f"[{i}].spec.pool.resourceSliceCount",
-                f"is {pool.get('resourceSliceCount')!r} but the pool has {len(items)} slices: the pool would be "
-                "treated as incomplete and none of its devices allocated",
-            ))
-
-    counter_sets: dict[str, dict[str, Fraction | None]] = {}
-    device_names: dict[str, str] = {}
-    for i, spec in enumerate(specs):
-        for j, counter_set in enumerate(spec.get("sharedCounters") or []):
-            name = counter_set.get("name")
-            where = f"[{i}].spec.sharedCounters[{j}].name"
-            if name in counter_sets:
-                errors.append(FieldError(where, f"counter set {name!r} is defined twice in the pool"))
-                continue
-            counter_sets[name] = {
-                k: parse_quantity((v or {}).get("value")) for k, v in (counter_set.get("counters") or {}).items()
-            }
-        for j, device in enumerate(spec.get("devices") or []):
-            name = device.get("name")
-            where = f"[{i}].spec.devices[{j}].name"
-            if name in device_names:
-                errors.append(FieldError(where, f"device {name!r} already published at {device_names[name]}"))
-            else:
-                device_names[name] = where
-    for i, spec in enumerate(specs):
-        for j, device in enumerate(spec.get("devices") or []):
-            for k, consumption in enumerate(device.get("consumesCounters") or []):
-                where = f"[{i}].spec.devices[{j}].consumesCounters[{k}]"
-                errors.extend(_check_reference(consumption, counter_sets, where))
-    return errors
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _check_reference(consumption: Mapping[str, Any], counter_sets: Mapping[str, Mapping[str, Fraction | None]],
-                     path: str) -> list[FieldError]:
-    set_name = str(consumption.get("counterSet"))
-    if set_name not in counter_sets:
-        return [FieldError(_join(path, "counterSet"),
-                           f"no counter set {set_name!r} in the pool: the pool would be invalid")]
-    errors = []
-    available = counter_sets[set_name]
-    for counter, amount in (consumption.get("counters") or {}).items():
-        cpath = _join(path, f"counters[{counter}]")
-        if counter not in available:
-            errors.append(FieldError(cpath, f"counter set {set_name!r} has no counter {counter!r}"))
-            continue
-        want, have = parse_quantity((amount or {}).get("value")), available[counter]
-        if want is not None and have is not None and want > have:
-            errors.append(FieldError(
-                cpath, f"consumes more than counter set {set_name!r} holds: the device could never be allocated"
-            ))
-    return errors

@@ -46,7 +46,7 @@ from typing import IO, Any
 
 import structlog
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from driver.errors import NodeStateError
 from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig

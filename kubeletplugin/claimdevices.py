@@ -20,7 +20,8 @@ from typing import Any
 
 import structlog
 
-from driver.allocation import DRIVER_NAME, AllocatedDevice, ClaimAllocation
+from driver import DRIVER_NAME
+from driver.allocation import AllocatedDevice, ClaimAllocation
 from driver.cdi import (
     SIMULATED_DEVICE_NUMBERS,
     ContainerEdits,

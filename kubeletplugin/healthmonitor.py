@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from driver.health import EventClass, GpuConditions, HealthEvent, HealthPolicy, parse_event
 from driver.model import Inventory
 from driver.slices import build_slices

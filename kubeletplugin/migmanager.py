@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from driver.errors import DeviceError
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from driver.cdi import ContainerEdits, Mount, check_claim_uid, write_atomic
+from driver.atomicfile import write_atomic
+from driver.cdi import ContainerEdits, Mount, check_claim_uid
 from driver.errors import DeviceError
 from kubeletplugin.faults import MPS_START, FaultHook, crash_from_env
 from kubeletplugin.nodelocks import SharedFileLock

@@ -15,16 +15,16 @@ exponential backoff and logs once per change between healthy and failing.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from driver import DRIVER_NAME
+from driver.backoff import Backoff
 from driver.kubeapi import ApiError, KubeAPI, Obj, WatchEvent
 from driver.names import slice_field_selector, slice_name
 
@@ -35,29 +35,6 @@ WaitFn = Callable[[threading.Event, float], bool]
 
 def _event_wait(event: threading.Event, timeout: float) -> bool:
     return event.wait(timeout)
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff with a cap and +-`jitter` proportional randomisation, so many nodes that lost
-    the apiserver at the same moment do not come back in lockstep."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-    rng: Callable[[], float] = random.random
-    attempts: int = field(default=0, init=False)
-
-    def next(self) -> float:
-        # The exponent is bounded so a node that stays cut off for days cannot overflow the float.
-        base = min(self.maximum, self.initial * self.factor ** min(self.attempts, 64))
-        self.attempts += 1
-        spread = 1.0 - self.jitter + 2.0 * self.jitter * self.rng()
-        return min(self.maximum, base * spread)
-
-    def reset(self) -> None:
-        self.attempts = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import structlog
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from driver.config import TIME_SLICE_INTERVALS
 from driver.errors import DeviceError
 from kubeletplugin.nodelocks import SharedFileLock

@@ -12,11 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from driver import DRIVER_NAME
 from driver.errors import TesseraError
 
 Obj = dict[str, Any]
 GROUP, VERSION = "resource.k8s.io", "v1"
-DRIVER = "gpu.tessera.dev"
+DRIVER = DRIVER_NAME
 
 
 class ReadError(TesseraError):

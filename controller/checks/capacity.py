@@ -67,7 +67,7 @@ def _key_problem(key: str, amount: Any, ctx: CheckContext) -> str | None:
 
 def _amount_problem(amount: Any, ctx: CheckContext) -> str | int:
     """The amount in bytes, or why tessera cannot enforce it or no GPU in the cluster can hold it."""
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     try:
         quantity = Quantity.parse(str(amount))

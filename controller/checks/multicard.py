@@ -59,6 +59,7 @@ from typing import Any
 from controller.checks.configs import DecodedConfig, decode_configs
 from controller.checks.findings import DRIVER, Finding, error
 from controller.checks.requests import request_bodies
+from driver.quantity import quantity_bytes_or_none
 
 GiB = 1 << 30
 ANNOTATION = f"{DRIVER}/multi-card"
@@ -128,17 +129,6 @@ def fmt_bytes(n: int) -> str:
     if n % (1 << 20) == 0:
         return f"{n >> 20}Mi"
     return str(n)
-
-
-def _bytes(quantity: str) -> int | None:
-    from driver.cel.quantity import Quantity
-
-    try:
-        q = Quantity.parse(quantity)
-    except ValueError:
-        return None
-    value = q.value()
-    return value if value * 1000 == q.milli_value() else None
 
 
 def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bool]) -> RewriteResult:
@@ -259,7 +249,7 @@ def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: 
             f'request "{name}" names capacity.requests and its config sets sharing.totalMemory ({total_path}); '
             "use one: totalMemory for a total across count cards, capacity.requests.memory for one share per card",
         )
-    total = _bytes(total_text)
+    total = quantity_bytes_or_none(total_text, whole=True)
     if total is None:
         return error(total_path, f"{total_text} is not a whole number of bytes; write it like 16Gi")
     count = body.get("count", 1)

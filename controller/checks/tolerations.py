@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.checks.findings import Finding, warning
+from controller.checks.findings import DRIVER, Finding, warning
 from controller.checks.inputs import CheckContext
 from controller.cluster.taints import tolerates
 
-HEALTH_PREFIX = "gpu.tessera.dev/"
+HEALTH_PREFIX = f"{DRIVER}/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"
 _SHOWN = 3
 

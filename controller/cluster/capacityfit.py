@@ -57,7 +57,7 @@ def quantity(text: Any) -> Fraction | None:
 @lru_cache(maxsize=4096)
 def _parse(text: str) -> Fraction | None:
     # a cluster's slices repeat a handful of amounts thousands of times
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     try:
         return Quantity.parse(text).fraction()

@@ -9,7 +9,6 @@ whatever snapshot is there and skips inventory checks until the first list has a
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ import structlog
 
 from controller.cluster.inventory import DeviceIndex
 from driver import DRIVER_NAME as DRIVER
+from driver.backoff import Backoff
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
 log = structlog.get_logger(__name__)
@@ -63,8 +63,7 @@ class Reflector:
         self._list = list_fn
         self._watch = watch_fn
         self._on_change = on_change
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self._backoff = Backoff(initial=backoff_initial, maximum=backoff_max)
         self._lock = threading.Lock()
         self._objects: dict[str, Obj] = {}
         self._stop = threading.Event()
@@ -95,7 +94,6 @@ class Reflector:
         self._on_change()
 
     def _run(self) -> None:
-        delay = self._backoff_initial
         failing = False
         while not self._stop.is_set():
             try:
@@ -103,7 +101,7 @@ class Reflector:
                 if failing:
                     log.info("apiserver reachable again", resource=self.resource)
                     failing = False
-                delay = self._backoff_initial
+                self._backoff.reset()
                 self._watch_from(resource_version)
             except ApiError as exc:
                 if exc.status == 410:
@@ -117,9 +115,8 @@ class Reflector:
                 self.errors += 1
                 log.exception("reflector error; retrying with backoff", resource=self.resource, error=str(exc))
                 failing = True
-            if self._stop.wait(delay * random.uniform(0.8, 1.2)):
+            if self._stop.wait(self._backoff.next()):
                 return
-            delay = min(delay * 2, self._backoff_max)
 
     def _relist(self) -> str:
         listing = self._list()

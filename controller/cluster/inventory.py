@@ -16,21 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from controller.cluster.schema import split_qualified
 from driver import DRIVER_NAME as DRIVER
+from driver.quantity import quantity_bytes_or_none
 
 if TYPE_CHECKING:
     from driver.cel import DeviceView
 
 Obj = dict[str, Any]
-
-
-def memory_bytes(quantity: str) -> int | None:
-    """A capacity value as whole bytes, or None when it is not a valid quantity."""
-    from driver.cel.quantity import Quantity
-
-    try:
-        return Quantity.parse(str(quantity)).value()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,7 +103,7 @@ class InventoryDevice:
     @cached_property
     def memory(self) -> int | None:
         value = self.capacity_value(self.driver, "memory")
-        return memory_bytes(value) if value is not None else None
+        return quantity_bytes_or_none(str(value)) if value is not None else None
 
     @property
     def product_name(self) -> str:

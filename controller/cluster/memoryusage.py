@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.cluster.inventory import DeviceIndex, memory_bytes
+from controller.cluster.inventory import DeviceIndex
 from driver import DRIVER_NAME as DRIVER
+from driver.quantity import quantity_bytes_or_none
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,9 @@ def memory_usage(index: DeviceIndex, claims: Iterable[dict[str, Any]]) -> dict[s
             found = by_ref.get((str(result.get("pool")), str(result.get("device"))))
             node = found.node if found else str(result.get("pool"))
             consumed = (result.get("consumedCapacity") or {}).get("memory")
-            amount = memory_bytes(str(consumed)) if consumed is not None else (found.memory if found else None)
+            amount = (
+                quantity_bytes_or_none(str(consumed)) if consumed is not None else (found.memory if found else None)
+            )
             allocated[node] = allocated.get(node, 0) + (amount or 0)
     nodes = sorted(set(totals) | set(allocated))
     return {n: NodeMemory(totals.get(n, 0), allocated.get(n, 0)) for n in nodes}

@@ -91,7 +91,7 @@ class ClaimPlan:
 def _needs(body: Mapping[str, Any]) -> tuple[tuple[CapacityNeed, ...], str]:
     """All capacity.requests, kept literally: a key the devices lack must rule them out, as it does in the
     scheduler (the webhook rejects such keys; a claim admitted without it still has them)."""
-    from driver.cel.quantity import Quantity
+    from driver.quantity import Quantity
 
     capacity = body.get("capacity")
     requests = capacity.get("requests") if isinstance(capacity, Mapping) else None

@@ -6,7 +6,7 @@ Public API:
   iteration budget stops it: the outcome is unknown, not an error), .reads, .result_type
 - device_view(driver, device_dict, *, list_type_attributes=False) -> DeviceView
 - AttributeRead, CelCompileError, CelRuntimeError, DeviceViewError
-- driver.cel.quantity.Quantity, driver.cel.semver.Version
+- driver.quantity.Quantity, driver.semver.Version
 Engine: cel-expr-python by default; TESSERA_CEL_ENGINE=celpy|celexpr or engine= selects one.
 Fidelity: tests/driver/cel/corpus.json, every case confirmed against Kubernetes' own CEL library.
 """

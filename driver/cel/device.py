@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.cel.errors import DeviceViewError
-from driver.cel.quantity import Quantity, canonical_roundtrip
-from driver.cel.semver import Version
+from driver.quantity import Quantity, canonical_roundtrip
+from driver.semver import Version
 
 AttributeValue = int | bool | str | Version | list[int] | list[bool] | list[str] | list[Version]
 

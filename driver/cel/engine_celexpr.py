@@ -44,10 +44,10 @@ from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.printer import unparse
-from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
-from driver.cel.semver import Version
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, map_children
+from driver.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.semver import Version
 
 log = structlog.get_logger(__name__)
 

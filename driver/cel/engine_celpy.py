@@ -38,10 +38,10 @@ from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelCompileError, CelRuntimeError
 from driver.cel.printer import unparse
-from driver.cel.quantity import INT64_MAX, INT64_MIN, Quantity
 from driver.cel.rewrite import expand_two_variable_macros
-from driver.cel.semver import Version
 from driver.cel.syntax import Call, Ident, Index, ListLit, Node, Select, map_children
+from driver.quantity import INT64_MAX, INT64_MIN, Quantity
+from driver.semver import Version
 
 _QUALIFIED = {"strings.quote": "strings_quote", "sets.contains": "sets_contains",
               "sets.equivalent": "sets_equivalent", "sets.intersects": "sets_intersects", "lists.range": "lists_range"}

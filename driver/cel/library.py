@@ -12,8 +12,8 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
-from driver.cel.quantity import Quantity
-from driver.cel.semver import Version
+from driver.quantity import Quantity
+from driver.semver import Version
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # errors are reported to the user, not to stderr

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from driver.allocation import AllocationError, parse_claim_allocation, resolve_device
-from driver.config import ConfigError, Strategy, quantity_bytes
+from driver.config import ConfigError, Strategy
+from driver.quantity import quantity_bytes
 from tests.builders.claims import UID, gpu_config, inventory, make_claim, result, share
 
 GIB = 1024**3

@@ -19,9 +19,10 @@ from driver.attributes import (
     type_specific_attributes,
 )
 from driver.discovery import load_inventory
+from driver.grammars import qualified_name_errors
+from driver.semver import Version
 from driver.simulated import builtin_profiles
 from driver.slices import build_slices
-from driver.validation import is_semver, qualified_name_errors
 from tests.builders.inventory import make_gpu, make_inventory
 
 
@@ -41,7 +42,7 @@ from tests.builders.inventory import make_gpu, make_inventory
 )
 def test_versions_become_strict_semver(raw: str, expected: str) -> None:
     assert to_semver(raw, "x") == expected
-    assert is_semver(expected)
+    assert Version.is_valid(expected)
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "12.x", "1..2", "550.54.15-beta"])
@@ -134,7 +135,7 @@ def _check_value(kind: str, value: dict[str, Any]) -> None:
     else:
         assert isinstance(raw, str) and len(raw.encode()) <= 64
         if kind == "version":
-            assert is_semver(raw), raw
+            assert Version.is_valid(raw), raw
 
 
 @pytest.mark.parametrize("strategy", ["static", "dynamic"])

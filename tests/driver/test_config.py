@@ -18,8 +18,6 @@ from driver.config import (
     config_applies,
     decode_gpu_config,
     merge_configs,
-    parse_quantity,
-    quantity_bytes,
     resolve_sharing,
 )
 
@@ -166,17 +164,6 @@ def test_total_memory_must_be_positive():
 
 def test_same_nvlink_island_must_be_bool():
     assert error_of(cfg(sameNVLinkIsland="yes")) == f'{P}.sharing.sameNVLinkIsland: must be true or false, got "yes"'
-
-
-def test_quantities_parse_like_kubernetes():
-    assert quantity_bytes("12Gi") == 12 * 1024**3
-    assert quantity_bytes("1.5") == 2  # rounded up like Quantity.Value()
-    assert quantity_bytes(4096) == 4096
-    assert quantity_bytes("1e3") == 1000
-    with pytest.raises(ValueError):
-        parse_quantity(True)
-    with pytest.raises(ValueError):
-        parse_quantity(1.5)
 
 
 # --- applying and merging ---------------------------------------------------------------------

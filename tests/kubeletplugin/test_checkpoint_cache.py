@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from driver.cdi import write_atomic
+from driver.atomicfile import write_atomic
 from kubeletplugin import checkpoint
 from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from kubeletplugin.migmanager import MigError

@@ -23,7 +23,8 @@ import pytest
 from driver import safeyaml
 from driver.allocation import AllocationError, resolve_device
 from driver.cdi import CdiError, check_claim_uid, device_name
-from driver.validation import is_c_identifier, is_dns_label, is_dns_subdomain, is_semver
+from driver.grammars import is_c_identifier, is_dns_label, is_dns_subdomain
+from driver.semver import Version
 from kubeletplugin.checkpoint import FILE_NAME, MAX_DEPTH, CheckpointError, _canonical, decode
 from kubeletplugin.kubeletclaims import ClaimRef
 from tessera.cmd_check import check_files
@@ -99,7 +100,7 @@ def test_name_checks_refuse_a_trailing_newline(check: object) -> None:
 
 
 def test_semver_refuses_a_trailing_newline() -> None:
-    assert is_semver("1.2.3") and not is_semver("1.2.3\n")
+    assert Version.is_valid("1.2.3") and not Version.is_valid("1.2.3\n")
 
 
 # -- the per-claim lock table -----------------------------------------------------------------------

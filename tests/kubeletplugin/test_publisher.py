@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from driver.backoff import Backoff
 from driver.kubeapi import Obj
 from driver.names import slice_name
 from driver.slices import build_slices
-from kubeletplugin.publisher import Backoff, Publisher
+from kubeletplugin.publisher import Publisher
 from tests.builders.inventory import make_gpu, make_inventory
 from tests.fakes.apiserver import FakeKubeAPI
 
@@ -256,22 +257,6 @@ def test_a_conflicting_write_fails_the_sync_and_the_next_sync_recovers(fake: Fak
     assert not pub.sync_once()
     assert pub.sync_once()
     assert len(stored(fake)[slice_name(NODE, 0)]["spec"]["devices"]) == 3
-
-
-def test_backoff_grows_exponentially_up_to_its_cap() -> None:
-    backoff = Backoff(initial=0.5, maximum=4.0, jitter=0.0)
-    assert [backoff.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.next() == 0.5
-
-
-def test_backoff_jitter_stays_within_its_band_and_under_the_cap() -> None:
-    low = Backoff(initial=1.0, maximum=10.0, jitter=0.2, rng=lambda: 0.0)
-    high = Backoff(initial=1.0, maximum=10.0, jitter=0.2, rng=lambda: 1.0)
-    assert low.next() == pytest.approx(0.8)
-    assert high.next() == pytest.approx(1.2)
-    for _ in range(100):
-        assert high.next() <= 10.0
 
 
 def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fake: FakeKubeAPI) -> None:

@@ -11,7 +11,7 @@ import yaml
 
 import driver.kubeapi
 from driver.names import slice_name
-from driver.validation import validate_pool
+from driver.poolvalidation import validate_pool
 from tessera.cli import main
 from tests.fakes.apiserver import FakeKubeAPI
 

@@ -271,3 +271,40 @@ def test_reflector_survives_an_unexpected_exception():
     finally:
         release.set()
         r.stop()
+
+
+class _RecordingStop:
+    """Stands in for a reflector's stop event: records each backoff wait instead of sleeping."""
+
+    def __init__(self, waits_until_stop: int) -> None:
+        self.waits: list[float] = []
+        self._limit = waits_until_stop
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self._limit
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_reflector_backs_off_exponentially_up_to_its_cap_and_starts_over_after_a_list(monkeypatch):
+    lists = []
+
+    def list_fn():
+        lists.append(1)
+        if len(lists) <= 4:
+            raise ApiError(503, "ServiceUnavailable")
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch_fn(rv):
+        raise ApiError(0, "Unreachable", "connection refused")
+
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=1.0, backoff_max=4.0)
+    stop = _RecordingStop(waits_until_stop=5)
+    monkeypatch.setattr(r, "_stop", stop)
+    r._run()
+    # four failed lists, then a good list whose watch fails: the delay starts over
+    for waited, base in zip(stop.waits, [1.0, 2.0, 4.0, 4.0, 1.0], strict=True):
+        assert 0.8 * base <= waited <= min(1.2 * base, 4.0), stop.waits
+    assert r.errors == 5

@@ -16,8 +16,8 @@ from driver.cel import (
     device_view,
 )
 from driver.cel.analysis import MAX_EXPRESSION_BYTES
-from driver.cel.quantity import Quantity
-from driver.cel.semver import Version
+from driver.quantity import Quantity
+from driver.semver import Version
 
 DRIVER = "gpu.tessera.dev"
 A = f'device.attributes["{DRIVER}"]'

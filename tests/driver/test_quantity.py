@@ -1,4 +1,4 @@
-"""driver.cel.quantity against apimachinery's ParseQuantity golden behaviour."""
+"""driver.quantity against apimachinery's ParseQuantity golden behaviour."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.cel.quantity import INT64_MAX, Quantity, _go_pow10, canonical_roundtrip
+from driver.quantity import (
+    INT64_MAX,
+    Quantity,
+    _go_pow10,
+    canonical_roundtrip,
+    parse_quantity,
+    quantity_bytes,
+    quantity_bytes_or_none,
+)
 
 
 @pytest.mark.parametrize(
@@ -335,3 +343,53 @@ def test_apimachinery_representation_table(text: str, as_int64: int | None, cano
     assert q.as_int64() == expected_int
     expected_text = canonical if canonical is not None else text
     assert str(q) == ("-" if negative else "") + expected_text
+
+
+# -- JSON values: parse_quantity / quantity_bytes, what config, allocation, validation and profiles call ----
+
+
+@pytest.mark.parametrize(
+    ("value", "exact"),
+    [("132", 132), ("80Gi", 80 * 2**30), ("1.5", Fraction(3, 2)), ("500m", Fraction(1, 2)), ("1k", 1000),
+     ("1E", 10**18), ("1e3", 1000), ("2E-3", Fraction(2, 1000)), (".5Ki", 512), ("+3", 3), ("-1", -1), (7, 7),
+     (2**70, 2**70), ("1n", Fraction(1, 10**9)), ("Gi", 0)],
+)
+def test_json_values_parse_exactly(value: str | int, exact: Fraction | int) -> None:
+    assert parse_quantity(value).fraction() == exact
+
+
+@pytest.mark.parametrize("value", ["", "80GB", "1.2.3", "1 Gi", "0x10", True, None, 1.5, float("inf"), [1]])
+def test_json_values_that_are_not_quantities_raise(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(value)
+
+
+def test_json_floats_and_booleans_are_refused_by_name() -> None:
+    # a float would be read by its repr, which is not what the user wrote; callers that must accept one
+    # (the slice validator) turn it into text themselves
+    with pytest.raises(ValueError, match=r"^not a quantity: 1\.5$"):
+        parse_quantity(1.5)
+    with pytest.raises(ValueError, match=r"^not a quantity: True$"):
+        parse_quantity(True)
+
+
+def test_quantities_as_bytes_round_up_like_kubernetes() -> None:
+    assert quantity_bytes("12Gi") == 12 * 1024**3
+    assert quantity_bytes("1.5") == 2  # rounded up like Quantity.Value()
+    assert quantity_bytes(4096) == 4096
+    assert quantity_bytes("1e3") == 1000
+    assert quantity_bytes("1.5Gi", whole=True) == 1536 * 2**20
+
+
+@pytest.mark.parametrize("value", ["1.5", "100m", "1.9999", "1n"])
+def test_whole_bytes_refuse_fractions(value: str) -> None:
+    with pytest.raises(ValueError, match=f"^{value} is not a whole number of bytes$"):
+        quantity_bytes(value, whole=True)
+    assert quantity_bytes_or_none(value, whole=True) is None
+    assert quantity_bytes_or_none(value) == quantity_bytes(value)
+
+
+def test_bytes_or_none_is_none_for_non_quantities() -> None:
+    assert quantity_bytes_or_none("eighty gigs") is None
+    assert quantity_bytes_or_none(None) is None
+    assert quantity_bytes_or_none("80Gi") == 80 * 2**30

@@ -1,5 +1,10 @@
 """Kubernetes resource quantities, parsed and compared exactly as apimachinery does.
 
+tessera's one quantity type: CEL selectors, GpuConfig's totalMemory, allocation results, the slice
+validator, simulated profiles and the webhook all parse with it, so they agree with each other and with
+the apiserver. Values as JSON carries them (a string or an integer) go through `parse_quantity`, and
+`quantity_bytes` when whole bytes are what the caller wants. Free of CEL imports: the node agent uses it.
+
 `kubernetes.utils.parse_quantity` rounds through a 28-digit Decimal context and accepts strings
 Go rejects, so it cannot decide a selector the way the scheduler does. This module follows the
 Go implementation (`k8s.io/apimachinery/pkg/api/resource`) step by step, including its internal
@@ -34,6 +39,7 @@ _SUFFIX_CHARS = frozenset("eEinumkKMGTP")
 _DIGITS = frozenset("0123456789")
 
 QUANTITY_PATTERN = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_FORMAT_ERROR = f"quantities must match the regular expression '{QUANTITY_PATTERN}'"
 
 
 def _fits_int64(v: int) -> bool:
@@ -71,50 +77,49 @@ def _round_up_div(value: int, divisor: int) -> tuple[int, bool]:
     return (q if value >= 0 else -q), r == 0
 
 
+def _digits_end(s: str, pos: int) -> int:
+    while pos < len(s) and s[pos] in _DIGITS:
+        pos += 1
+    return pos
+
+
+def _suffix_shape_ok(suffix: str) -> bool:
+    """Whether suffix matches `[eEinumkKMGTP]*[-+]?[0-9]*`, the shape Go's scanner accepts after the number."""
+    pos = 0
+    while pos < len(suffix) and suffix[pos] in _SUFFIX_CHARS:
+        pos += 1
+    if pos < len(suffix) and suffix[pos] in "+-":
+        pos += 1
+    return _digits_end(suffix, pos) == len(suffix)
+
+
 def _scan(s: str) -> tuple[bool, str, str, str, str]:
     """Go's parseQuantityString: (positive, value, num, denom, suffix); raises ValueError on bad format."""
     positive = True
     pos = 0
-    end = len(s)
-    if pos < end and s[0] in "+-":
+    if s[:1] in ("+", "-"):
         positive = s[0] == "+"
+        pos = 1
+    while pos < len(s) and s[pos] == "0":  # strip leading zeros
         pos += 1
-    while True:  # strip leading zeros
-        if pos >= end:
-            return positive, "0", "0", "", ""
-        if s[pos] != "0":
-            break
-        pos += 1
+    if pos >= len(s):
+        return positive, "0", "0", "", ""
     start = pos
-    while pos < end and s[pos] in _DIGITS:
-        pos += 1
+    pos = _digits_end(s, pos)
     num = s[start:pos]
-    if pos >= end:
+    if pos >= len(s):
         return positive, s, num, "", ""
-    if not num:
-        num = "0"
+    num = num or "0"
     denom = ""
     if s[pos] == ".":
-        pos += 1
-        start = pos
-        while pos < end and s[pos] in _DIGITS:
-            pos += 1
+        start = pos + 1
+        pos = _digits_end(s, start)
         denom = s[start:pos]
-        if pos >= end:
+        if pos >= len(s):
             return positive, s, num, denom, ""
-    value = s[:pos]
-    suffix_start = pos
-    while pos < end and s[pos] in _SUFFIX_CHARS:
-        pos += 1
-    if pos >= end:
-        return positive, value, num, denom, s[suffix_start:]
-    if s[pos] in "+-":
-        pos += 1
-    while pos < end and s[pos] in _DIGITS:
-        pos += 1
-    if pos < end:
-        raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
-    return positive, value, num, denom, s[suffix_start:]
+    if not _suffix_shape_ok(s[pos:]):
+        raise ValueError(_FORMAT_ERROR)
+    return positive, s[:pos], num, denom, s[pos:]
 
 
 def _go_parse_int64(text: str) -> int | None:
@@ -148,6 +153,57 @@ def _parse_dec(value: str) -> tuple[int, int]:
     if not digits:
         raise ValueError("unable to parse numeric part of quantity")
     return sign * int(digits), len(frac)
+
+
+def _int64_form(s: str, *, positive: bool, num: str, denom: str, exponent: int, fmt: Format) -> Quantity | None:
+    """Go's int64 fast path of ParseQuantity; None where Go falls back to inf.Dec."""
+    scale = 0
+    mantissa = 1
+    if fmt == "BinarySI":
+        if exponent < 0 or denom:
+            return None
+        mantissa = 1 << exponent
+        # float32(exponent)*3/10 truncated, as Go computes it
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+    else:
+        scale = exponent
+        precision = _MAX_INT64_FACTORS - (len(num) + len(denom))
+    if precision < 0:
+        return None
+    scale -= len(denom)
+    if scale < _NANO:
+        return None
+    shifted = num + denom
+    parsed = _go_parse_int64(shifted)
+    if parsed is None:
+        raise ValueError("unable to parse numeric part of quantity")
+    result = parsed * mantissa
+    if not _fits_int64(result):
+        return None
+    canonical = (
+        exponent % 10 == 0 and (parsed & 0x07) != 0
+        if fmt == "BinarySI"
+        else _go_rem(scale, 3) == 0 and not shifted.endswith("000") and shifted[0] != "0"
+    )
+    return Quantity(int_amount=(result if positive else -result, scale), fmt=fmt, text=s if canonical else "")
+
+
+def _dec_form(value: str, base: int, exponent: int, fmt: Format) -> Quantity:
+    """Go's inf.Dec path of ParseQuantity: exact, rounded up to nano precision."""
+    unscaled, dec_scale = _parse_dec(value)
+    if base == 10:
+        dec_scale -= exponent
+    else:
+        unscaled <<= exponent
+    negative = unscaled < 0
+    unscaled = abs(unscaled)
+    if unscaled != 0 and dec_scale != -_NANO:
+        unscaled, dec_scale = _dec_round_up(unscaled, dec_scale, -_NANO)
+    if fmt == "BinarySI" and _dec_fraction(unscaled, dec_scale) > INT64_MAX:
+        unscaled, dec_scale = INT64_MAX, 0
+    if fmt == "BinarySI" and 0 < _dec_fraction(unscaled, dec_scale) < 1:
+        fmt = "DecimalSI"
+    return Quantity(dec_amount=(-unscaled if negative else unscaled, dec_scale), fmt=fmt)
 
 
 class Quantity:
@@ -184,63 +240,14 @@ class Quantity:
         """Go's ParseQuantity. Raises ValueError with Go's message on anything Go rejects."""
         if not isinstance(s, str):
             raise ValueError(f"quantity must be a string, not {type(s).__name__}")
-        if not s:
-            raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
-        if not s.isascii():
-            raise ValueError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
+        if not s or not s.isascii():
+            raise ValueError(_FORMAT_ERROR)
         if s == "0":
             return cls(int_amount=(0, 0), fmt="DecimalSI", text=s)
         positive, value, num, denom, suffix = _scan(s)
         base, exponent, fmt = _interpret_suffix(suffix)
-
-        precision = 0
-        scale = 0
-        mantissa = 1
-        if fmt == "BinarySI":
-            if exponent >= 0 and not denom:
-                mantissa = 1 << exponent
-                # float32(exponent)*3/10 truncated, as Go computes it
-                precision = 15 - len(num) - int(exponent * 3 / 10) - 1
-            else:
-                precision = -1
-        else:
-            scale = exponent
-            precision = _MAX_INT64_FACTORS - (len(num) + len(denom))
-
-        if precision >= 0:
-            scale -= len(denom)
-            if scale >= _NANO:
-                shifted = num + denom
-                parsed = _go_parse_int64(shifted)
-                if parsed is None:
-                    raise ValueError("unable to parse numeric part of quantity")
-                result = parsed * mantissa
-                if _fits_int64(result):
-                    if not positive:
-                        result = -result
-                    canonical = (
-                        exponent % 10 == 0 and (parsed & 0x07) != 0
-                        if fmt == "BinarySI"
-                        else _go_rem(scale, 3) == 0 and not shifted.endswith("000") and shifted[0] != "0"
-                    )
-                    return cls(int_amount=(result, scale), fmt=fmt, text=s if canonical else "")
-
-        unscaled, dec_scale = _parse_dec(value)
-        if base == 10:
-            dec_scale -= exponent
-        else:
-            unscaled <<= exponent
-        negative = unscaled < 0
-        unscaled = abs(unscaled)
-        if unscaled != 0 and dec_scale != -_NANO:
-            unscaled, dec_scale = _dec_round_up(unscaled, dec_scale, -_NANO)
-        if fmt == "BinarySI" and _dec_fraction(unscaled, dec_scale) > INT64_MAX:
-            unscaled, dec_scale = INT64_MAX, 0
-        if fmt == "BinarySI" and 0 < _dec_fraction(unscaled, dec_scale) < 1:
-            fmt = "DecimalSI"
-        if negative:
-            unscaled = -unscaled
-        return cls(dec_amount=(unscaled, dec_scale), fmt=fmt)
+        fast = _int64_form(s, positive=positive, num=num, denom=denom, exponent=exponent, fmt=fmt)
+        return fast if fast is not None else _dec_form(value, base, exponent, fmt)
 
     # -- inspection -----------------------------------------------------------------------------
 
@@ -407,6 +414,37 @@ class Quantity:
 def canonical_roundtrip(s: str) -> Quantity:
     """Parse s the way the scheduler sees it: the apiserver stores String() and readers re-parse it."""
     return Quantity.parse(str(Quantity.parse(s)))
+
+
+def parse_quantity(value: object) -> Quantity:
+    """A quantity as JSON carries it: a string ("12Gi") or an integer; ValueError when it is not one.
+
+    An integer is read as its decimal text, as apimachinery reads a JSON number. Floats and booleans are
+    refused: callers that must accept a JSON float (the slice validator) turn it into text themselves.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not a quantity: {value!r}")
+    return Quantity.parse(str(value))
+
+
+def quantity_bytes(value: object, *, whole: bool = False) -> int:
+    """A memory quantity as bytes, rounded up the way Kubernetes' `Quantity.Value()` does.
+
+    ValueError when `value` is not a quantity, and with `whole` also when it is not a whole number
+    ("1.5", "100m"), for callers that must not round a user's amount silently.
+    """
+    quantity = parse_quantity(value)
+    if whole and quantity.fraction().denominator != 1:
+        raise ValueError(f"{value} is not a whole number of bytes")
+    return quantity.value()
+
+
+def quantity_bytes_or_none(value: object, *, whole: bool = False) -> int | None:
+    """`quantity_bytes`, or None when it raises: for callers that report a bad value in their own words."""
+    try:
+        return quantity_bytes(value, whole=whole)
+    except ValueError:
+        return None
 
 
 def _go_rem(a: int, b: int) -> int:

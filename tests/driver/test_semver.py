@@ -1,4 +1,4 @@
-"""driver.cel.semver: blang/semver v4 parsing and semver 2.0.0 precedence."""
+"""driver.semver: blang/semver v4 parsing and semver 2.0.0 precedence."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from driver.cel.semver import Version
+from driver.semver import Version
 
 
 @pytest.mark.parametrize(
