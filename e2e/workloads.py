@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from driver.quantity import quantity_bytes
 from e2e.cluster import DRIVER, PREPARED_ANNOTATION
 from e2e.kube import Kube, KubeError, Obj
 from e2e.processes import ClusterError, wait_for
@@ -208,17 +209,9 @@ def device_names(slices: list[Obj]) -> set[str]:
     return {d["name"] for s in slices for d in s["spec"].get("devices", [])}
 
 
-_SUFFIXES = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "k": 10**3, "M": 10**6, "G": 10**9,
-             "T": 10**12, "": 1}
-
-
 def parse_quantity(q: str | int) -> int:
     """Whole-number Kubernetes quantities as the apiserver prints capacities ("10Gi", "85520809984")."""
-    text = str(q)
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if suffix and text.endswith(suffix):
-            return int(text[: -len(suffix)]) * _SUFFIXES[suffix]
-    return int(text)
+    return quantity_bytes(q, whole=True)
 
 
 def consumed_memory(result: Obj) -> int:

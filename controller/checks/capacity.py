@@ -16,6 +16,7 @@ from controller.checks.inputs import CheckContext
 from controller.checks.multicard import fmt_bytes
 from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.schema import REQUESTABLE_CAPACITIES, split_qualified
+from driver.quantity import Quantity
 
 MiB = 1 << 20
 
@@ -67,7 +68,6 @@ def _key_problem(key: str, amount: Any, ctx: CheckContext) -> str | None:
 
 def _amount_problem(amount: Any, ctx: CheckContext) -> str | int:
     """The amount in bytes, or why tessera cannot enforce it or no GPU in the cluster can hold it."""
-    from driver.quantity import Quantity
 
     try:
         quantity = Quantity.parse(str(amount))

@@ -22,6 +22,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
+from driver.quantity import Quantity
+
 if TYPE_CHECKING:
     from controller.cluster.inventory import InventoryDevice
 
@@ -57,7 +59,6 @@ def quantity(text: Any) -> Fraction | None:
 @lru_cache(maxsize=4096)
 def _parse(text: str) -> Fraction | None:
     # a cluster's slices repeat a handful of amounts thousands of times
-    from driver.quantity import Quantity
 
     try:
         return Quantity.parse(text).fraction()

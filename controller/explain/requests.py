@@ -13,6 +13,7 @@ from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.checks.selectors import compile_selectors
 from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.matching import Condition
+from driver.quantity import Quantity
 
 Obj = dict[str, Any]
 
@@ -91,7 +92,6 @@ class ClaimPlan:
 def _needs(body: Mapping[str, Any]) -> tuple[tuple[CapacityNeed, ...], str]:
     """All capacity.requests, kept literally: a key the devices lack must rule them out, as it does in the
     scheduler (the webhook rejects such keys; a claim admitted without it still has them)."""
-    from driver.quantity import Quantity
 
     capacity = body.get("capacity")
     requests = capacity.get("requests") if isinstance(capacity, Mapping) else None
