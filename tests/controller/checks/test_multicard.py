@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from controller.checks.multicard import ANNOTATION, Rewrite, fmt_bytes, pending_findings, rewrite_claim_spec
 
 UUID = {"distinctAttribute": "gpu.tessera.dev/uuid"}
@@ -538,3 +540,63 @@ def test_a_tessera_alternative_after_another_drivers_one_is_still_rewritten():
     subs = result.spec["devices"]["requests"][0]["firstAvailable"]
     assert subs[0] == {"name": "nic", "deviceClassName": "nic.example.com", "count": 2}
     assert subs[1]["capacity"] == {"requests": {"memory": "4Gi"}}
+
+
+# -- survivors of the mutation run (docs/reliability.md section 9) ---------------------------------
+
+
+@pytest.mark.parametrize("count", [0, -1, True, "2", 1.5])
+def test_a_count_that_is_not_a_whole_number_of_cards_is_denied_at_the_count(count):
+    spec = spec_with(2, "8Gi")
+    spec["devices"]["requests"][0]["exactly"]["count"] = count
+    [finding] = rewrite_claim_spec(spec, "spec", ours).findings
+    assert finding.path == "spec.devices.requests[0].exactly.count"
+    assert finding.message == (
+        f'request "gpus" asks for count: {json.dumps(count)}, but sharing.totalMemory '
+        "(spec.devices.config[0].opaque.parameters.sharing.totalMemory) is spread over count cards: count must "
+        "be a whole number of cards, at least 1")
+
+
+def test_a_missing_count_is_one_card():
+    spec = spec_with(2, "8Gi")
+    del spec["devices"]["requests"][0]["exactly"]["count"]
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert not result.findings
+    assert result.spec["devices"]["requests"][0]["exactly"]["count"] == 1
+    assert result.spec["devices"]["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "8Gi"}}
+    assert not result.spec["devices"].get("constraints")  # one card: nothing to keep distinct
+
+
+def test_the_constraint_limit_error_names_both_settings_that_add_constraints():
+    spec = spec_with(2, "8Gi", island=True)
+    spec["devices"]["constraints"] = [
+        {"requests": ["gpus"], "matchAttribute": f"example.com/a{k}"} for k in range(31)]
+    [finding] = rewrite_claim_spec(spec, "spec", ours).findings
+    assert finding.message == (
+        "the multi-card rewrite needs 33 constraints, more than the 32 a claim may have; split the claim, or drop "
+        "constraints that repeat what sharing.totalMemory and sameNVLinkIsland already ask for")
+
+
+def test_pending_paths_skip_requests_and_alternatives_that_are_not_objects():
+    spec = first_available_spec(2, ["accel/big"])
+    spec["devices"]["requests"].insert(0, "not an object")
+    spec["devices"]["requests"][1]["firstAvailable"].insert(0, 7)
+    [finding] = pending_findings(spec, "spec", ours)
+    assert finding.path == "spec.devices.requests[1].firstAvailable[1]"
+
+
+def test_island_only_rewrite_of_a_request_without_a_count_is_nothing_to_do():
+    spec = spec_with(2, None, island=True)
+    del spec["devices"]["requests"][0]["exactly"]["count"]
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert not result.findings and not result.changed
+
+
+def test_a_rewrite_strips_only_tessera_configs_that_carry_the_multicard_settings():
+    spec = spec_with(2, "8Gi")
+    keep_mps = gpu_config({"strategy": "MPS"}, ["gpus"])
+    no_params = {"opaque": {"driver": "gpu.tessera.dev"}, "requests": ["gpus"]}
+    spec["devices"]["config"] += [keep_mps, no_params, "not an object"]
+    result = rewrite_claim_spec(spec, "spec", ours)
+    assert not result.findings
+    assert result.spec["devices"]["config"] == [bare_config(), keep_mps, no_params, "not an object"]
