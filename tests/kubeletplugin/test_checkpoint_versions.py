@@ -140,3 +140,52 @@ def test_the_plugin_refuses_to_start_on_a_newer_builds_checkpoint(tmp_path: Path
     assert run_plugin(config, api=FakeKubeAPI()) == 1
     assert "written by a newer tessera" in capsys.readouterr().out
     assert json.loads(store.path.read_bytes()) == doc
+
+
+def test_a_document_without_format_is_format_1_and_one_that_says_format_2_is_read_as_such() -> None:
+    from kubeletplugin.checkpoint import decode_document
+
+    doc = json.loads(encode({UID: full_entry()}, "boot-a"))
+    assert decode_document(json.dumps(doc).encode()).format == FORMAT
+    del doc["format"], doc["bootID"]
+    legacy = decode_document(json.dumps(doc).encode())
+    assert legacy.format == 1 and legacy.boot_id == "" and list(legacy.entries) == [UID]
+
+
+@pytest.mark.parametrize("boot_id", [7, None, ["b"]])
+def test_a_boot_id_that_is_not_a_string_is_refused_by_name(boot_id: object) -> None:
+    from kubeletplugin.checkpoint import CheckpointError, decode_document
+
+    doc = json.loads(encode({}, "boot-a"))
+    doc["bootID"] = boot_id
+    with pytest.raises(CheckpointError, match=f"^bootID must be a string, got {type(boot_id).__name__}$"):
+        decode_document(json.dumps(doc).encode())
+
+
+def test_the_boot_id_given_to_the_store_is_the_one_it_writes(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-given")
+    assert store.boot_id == "boot-given"
+    store.save({})
+    assert json.loads(store.path.read_bytes())["bootID"] == "boot-given"
+
+
+def test_stamping_the_boot_writes_only_an_existing_file_of_another_boot(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-b")
+    store.stamp_boot()
+    assert not store.path.exists(), "no file: nothing to stamp, and no empty checkpoint is created"
+    CheckpointStore(tmp_path, boot_id="boot-a").save({UID: full_entry()})
+    before = store.path.stat().st_ino
+    store.stamp_boot()
+    assert json.loads(store.path.read_bytes())["bootID"] == "boot-b" and store.written_in_boot == "boot-b"
+    again = store.path.stat().st_ino
+    assert again != before
+    store.stamp_boot()
+    assert store.path.stat().st_ino == again, "the same boot is not written twice"
+
+
+def test_a_machine_without_a_boot_id_records_none(tmp_path: Path) -> None:
+    from kubeletplugin.checkpoint import current_boot_id
+
+    assert current_boot_id(tmp_path / "missing") == ""
+    (tmp_path / "boot_id").write_text("abc-123\n")
+    assert current_boot_id(tmp_path / "boot_id") == "abc-123"
