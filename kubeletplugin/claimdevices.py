@@ -82,8 +82,7 @@ class ClaimDevices:
         self.inventory = inventory
         self.cdi_dir = cdi_dir
         self.state_dir = state_dir
-        self.node_name = node_name
-        self.pool = node_name
+        self.pool = node_name  # this node's devices are published in a pool named after it
         self.mps = mps
         self.mig = mig
         self.driver_root = driver_root

@@ -661,13 +661,14 @@ def test_different_thread_percentages_error_names_the_claim_and_the_values(tmp_p
 
 
 def test_the_checkpoint_keeps_only_this_nodes_part_of_the_allocation(tmp_path):
-    """Other pools' and drivers' results and configs are nulled in place, so result indices stay."""
+    """Other pools' and drivers' results and configs are nulled in place, so result indices stay (an
+    entry that is not an object is nulled too, as the allocation parser skips it)."""
     ours, config = result("gpu-0"), gpu_config()
     results = [ours, {**result("gpu-1"), "pool": "node-b"}, {**result("gpu-2"), "driver": "other.example.com"}]
     state = make_state(tmp_path)
-    assert not prepare(state, results, [gpu_config(driver="other.example.com"), config]).error
+    assert not prepare(state, results, [gpu_config(driver="other.example.com"), "junk", config]).error
     assert state.prepared_claims()[UID].allocation == {
-        "devices": {"results": [ours, None, None], "config": [None, config]}
+        "devices": {"results": [ours, None, None], "config": [None, None, config]}
     }
 
 
