@@ -68,8 +68,8 @@ bench: $(STAMP) harness node
 soak: $(STAMP) harness
 	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak
 
-# Mutation testing (mutmut, configured in pyproject's [tool.mutmut]) of kubeletplugin/state.py,
-# kubeletplugin/checkpoint.py, driver/config.py and controller/checks/multicard.py against their own tests.
+# Mutation testing (mutmut, configured in pyproject's [tool.mutmut]) of kubeletplugin/state.py, claimdevices.py,
+# recovery.py, checkpoint.py, driver/config.py and controller/checks/multicard.py against their own tests.
 # Slow (most of an hour on 2 cores), so not part of `make test`; docs/reliability.md has the score.
 MUTMUT_CHILDREN ?= 2
 mutation: $(STAMP)

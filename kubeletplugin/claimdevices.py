@@ -83,8 +83,7 @@ class ClaimDevices:
         self.inventory = inventory
         self.cdi_dir = cdi_dir
         self.state_dir = state_dir
-        self.node_name = node_name
-        self.pool = node_name
+        self.pool = node_name  # this node's devices are published in a pool named after it
         self.mps = mps
         self.mig = mig
         self.driver_root = driver_root
@@ -226,10 +225,14 @@ class ClaimDevices:
             limits[visible] += d.memory_limit_bytes
             capacity[visible] = d.target.memory_bytes
         limits_mib = [limit_mib(min(limits[v], capacity[v])) for v in order]
-        wanted = MpsDaemon(alloc.uid, "", "", "", tuple(order), tuple(limits_mib), thread_percentage)
-        if recorded is not None and (recorded.gpu_uuids, recorded.limits_mib, recorded.active_thread_percentage) == (
-            wanted.gpu_uuids, wanted.limits_mib, wanted.active_thread_percentage,
-        ) and self.mps.adopt(recorded):  # fmt: skip
+        # the recorded daemon is adopted only if it serves the same cards with the same limits and share
+        if (
+            recorded is not None
+            and recorded.gpu_uuids == tuple(order)
+            and recorded.limits_mib == tuple(limits_mib)
+            and recorded.active_thread_percentage == thread_percentage
+            and self.mps.adopt(recorded)
+        ):
             return recorded
         return self.mps.start(alloc.uid, order, limits_mib, thread_percentage)
 

@@ -178,7 +178,6 @@ class DeviceState(NodeRecovery):
         self.fault_hook("before-checkpoint-completed")
         entry = replace(attempt.entry, state=ClaimState.PREPARE_COMPLETED, devices=devices)
         self.store.put(entry)
-        attempt.entry = entry
         return PrepareResult(devices)
 
     def _check_conflicts(

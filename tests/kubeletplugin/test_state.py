@@ -625,3 +625,90 @@ def test_concurrent_exclusive_claims_on_one_gpu_let_exactly_one_win(tmp_path):
     assert len(winners) == 1
     assert list(state.prepared_claims()) == winners
     assert claim_spec_uids(state.cdi_dir) == winners
+
+
+# --- found by mutation testing ------------------------------------------------------------------
+
+
+def test_exclusive_claim_on_a_card_holding_a_mig_instance_names_the_mig_use(tmp_path):
+    state = make_state(tmp_path, "h100-16-mig")
+    assert not prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")], name="sliced").error
+    got = prepare(state, [result("gpu-1")], uid=UID2, name="whole")
+    assert got.error == (
+        "gpu-1 is already prepared for claim team-a/sliced (mig use); this claim needs it for exclusive use, "
+        "which cannot coexist; it can be prepared once that claim is released"
+    )
+
+
+def test_a_conflict_on_the_second_card_of_a_prepared_claim_is_found(tmp_path):
+    state = make_state(tmp_path)
+    assert not prepare(state, [result("gpu-0", "a"), result("gpu-4", "b")], name="two").error
+    got = prepare(state, [share("gpu-4", "8Gi")], uid=UID2, name="shared")
+    assert "already prepared for claim team-a/two (exclusive use)" in got.error
+    assert UID2 not in state.prepared_claims()
+
+
+def test_different_thread_percentages_error_names_the_claim_and_the_values(tmp_path):
+    got = prepare(
+        make_state(tmp_path),
+        [share("gpu-0", "4Gi", "a", "00000000-0000-4000-8000-00000000000a"), share("gpu-1", "4Gi", "b")],
+        [gpu_config(requests=("a",), mps={"activeThreadPercentage": 20})],
+    )
+    assert got.error == (
+        "ResourceClaim team-a/claim: one MPS daemon serves the whole claim, so sharing.mps.activeThreadPercentage "
+        "must be the same for all its devices, got [20, None]"
+    )
+
+
+def test_the_checkpoint_keeps_only_this_nodes_part_of_the_allocation(tmp_path):
+    """Other pools' and drivers' results and configs are nulled in place, so result indices stay (an
+    entry that is not an object is nulled too, as the allocation parser skips it)."""
+    ours, config = result("gpu-0"), gpu_config()
+    results = [ours, {**result("gpu-1"), "pool": "node-b"}, {**result("gpu-2"), "driver": "other.example.com"}]
+    state = make_state(tmp_path)
+    assert not prepare(state, results, [gpu_config(driver="other.example.com"), "junk", config]).error
+    assert state.prepared_claims()[UID].allocation == {
+        "devices": {"results": [ours, None, None], "config": [None, None, config]}
+    }
+
+
+def test_prepare_after_an_interrupted_unprepare_finishes_it_and_prepares_afresh(tmp_path):
+    state = make_state(tmp_path)
+    assert not prepare(state, [share("gpu-1", "8Gi")]).error
+    state.fault_hook = crash_at("unprepare-after-checkpoint-started")
+    with pytest.raises(Crash):
+        state.unprepare(ref())
+    retry = make_state(tmp_path)
+    assert not prepare(retry, [share("gpu-1", "8Gi")]).error
+    assert retry.prepared_claims()[UID].state == ClaimState.PREPARE_COMPLETED
+    assert retry.prepared_claims()[UID].mps == simulated_mps(retry).daemons()[UID]
+
+
+def test_a_retry_adopts_the_daemon_a_failed_rollback_left_recorded(tmp_path, monkeypatch):
+    """The rollback could not stop the daemon, so the entry records it: kubelet's retry adopts it
+    instead of starting a second daemon for the claim."""
+
+    def fail_after_start(step: str) -> None:
+        if step == "after-mps-start":
+            raise MpsError("injected after the daemon started")
+
+    def refuse_stop(uid: str) -> None:
+        raise MpsError("quit timed out")
+
+    state = make_state(tmp_path, hook=fail_after_start)
+    monkeypatch.setattr(state.mps, "stop", refuse_stop)
+    assert prepare(state, [share("gpu-1", "8Gi")]).error == "injected after the daemon started"
+    recorded = state.prepared_claims()[UID].mps
+    assert recorded is not None
+    retry = make_state(tmp_path)
+    started: list[str] = []
+    start = retry.mps.start
+
+    def counting_start(uid, *args):
+        started.append(uid)
+        return start(uid, *args)
+
+    monkeypatch.setattr(retry.mps, "start", counting_start)
+    assert not prepare(retry, [share("gpu-1", "8Gi")]).error
+    assert started == []
+    assert retry.prepared_claims()[UID].mps == recorded

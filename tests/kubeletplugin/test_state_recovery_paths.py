@@ -6,13 +6,17 @@ mutant that survived the other tests, and on the defect that mutant stands for.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from driver.cdi import spec_path
 from kubeletplugin.checkpoint import FILE_NAME
+from kubeletplugin.mps import mps_paths
 from kubeletplugin.state import DeviceState
 from tests.builders.claims import UID, gpu_config, inventory, result, share
 from tests.builders.state import UID2, Crash, crash_at, env_of, make_state, prepare, ref, simulated_mps, spec_of
@@ -196,3 +200,94 @@ def test_a_running_daemon_with_a_thread_percentage_is_adopted_not_restarted(tmp_
     assert not prepare(state, [share("gpu-0", "4Gi")], config).error
     report = make_state(tmp_path).recover()
     assert report.mps_restarted == [] and report.failed == {}
+
+
+def _put(state: DeviceState, **changes: Any) -> None:
+    """Change the claim's checkpoint entry (as a forged or hand-edited checkpoint would)."""
+    entry = state.store.get(UID)
+    assert entry is not None
+    state.store.put(dataclasses.replace(entry, **changes))
+
+
+def test_unprepare_stops_a_running_daemon_the_entry_does_not_record(tmp_path: Path) -> None:
+    """A crash between the daemon's start and PrepareCompleted leaves it unrecorded but running."""
+    with pytest.raises(Crash):
+        prepare(make_state(tmp_path, hook=crash_at("after-mps-start")), [share("gpu-1", "8Gi")])
+    retry = make_state(tmp_path)
+    assert retry.prepared_claims()[UID].mps is None and simulated_mps(retry).is_running(UID)
+    retry.unprepare(ref())
+    assert simulated_mps(retry).daemons() == {}
+    assert not mps_paths(retry.state_dir, UID).root.exists()
+
+
+def test_unprepare_of_a_claim_whose_daemon_died_still_removes_its_directories(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    assert not prepare(state, [share("gpu-1", "8Gi")]).error
+    simulated_mps(state).registry.unlink()  # the daemon died; its pipe and shm directories stayed
+    assert mps_paths(state.state_dir, UID).root.exists()
+    state.unprepare(ref())
+    assert not mps_paths(state.state_dir, UID).root.exists()
+
+
+def test_restore_restarts_a_live_daemon_whose_instance_came_back_under_a_new_uuid(tmp_path: Path) -> None:
+    """The daemon still runs, but on the vanished instance: it is started again on the new one, and
+    the checkpoint records the new daemon."""
+    state = make_state(tmp_path, MIG)
+    assert not prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")], [gpu_config(strategy="MPS")]).error
+    (old,) = state.mig.created()
+    state.mig.destroy(old)
+    # someone else now holds its GPU instance id, so the new instance gets another id and UUID
+    (state.state_dir / "mig-instances.json").write_text(
+        json.dumps([{**old.to_dict(), "uuid": "MIG-other", "placement": 6}])
+    )
+    restarted = make_state(tmp_path, MIG)
+    report = restarted.recover()
+    assert report.mps_restarted == [UID] and report.failed == {}
+    (new,) = restarted.prepared_claims()[UID].migs
+    assert new.uuid != old.uuid
+    daemon = simulated_mps(restarted).daemons()[UID]
+    assert daemon.gpu_uuids == (new.uuid,)
+    assert restarted.prepared_claims()[UID].mps == daemon
+
+
+def test_a_driver_with_another_name_prepares_and_restores_its_claims(tmp_path: Path) -> None:
+    driver = "gpu.example.com"
+    state = make_state(tmp_path, driver_name=driver)
+    got = prepare(state, [result("gpu-0", driver=driver)], [gpu_config(driver=driver)])
+    assert not got.error and [d.device_name for d in got.devices] == ["gpu-0"]
+    original = spec_of(state)
+    spec_path(state.cdi_dir, UID).unlink()
+    report = make_state(tmp_path, driver_name=driver).recover()
+    assert report.failed == {} and report.specs_rewritten == [UID]
+    assert spec_of(state) == original
+
+
+@pytest.mark.parametrize(
+    ("profile", "device", "changes", "error"),
+    [
+        pytest.param(
+            MIG, "gpu-1-mig-1g10gb-2", {"migs": ()},
+            "claim team-a/claim: no MIG instance recorded for gpu-1-mig-1g10gb-2", id="no-instance-recorded",
+        ),
+        pytest.param(
+            "dgx-h100-8", "gpu-0", {"allocation": {}},
+            "ResourceClaim team-a/claim is not allocated (status.allocation is missing)", id="empty-allocation",
+        ),
+    ],
+)  # fmt: skip
+def test_an_entry_that_cannot_be_restored_is_reported_with_the_claim(
+    tmp_path: Path, profile: str, device: str, changes: dict[str, Any], error: str
+) -> None:
+    state = make_state(tmp_path, profile)
+    assert not prepare(state, [result(device, "mig")]).error
+    _put(state, **changes)
+    assert make_state(tmp_path, profile).recover().failed == {UID: error}
+
+
+def test_an_instance_on_a_gpu_without_a_mig_table_is_reported_with_the_gpu(tmp_path: Path) -> None:
+    state = make_state(tmp_path, "mixed")
+    assert not prepare(state, [result("gpu-0-mig-1g10gb-0", "mig")]).error
+    (mig,) = state.prepared_claims()[UID].migs
+    l4 = inventory("mixed").gpu_by_index(2)
+    _put(state, migs=(dataclasses.replace(mig, gpu_uuid=l4.uuid, gpu_index=2, gpu_minor=2),))
+    assert make_state(tmp_path, "mixed").recover().failed == {UID: "gpu-2: no MIG table for NVIDIA L4"}
