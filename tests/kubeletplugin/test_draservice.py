@@ -366,13 +366,22 @@ def test_each_failure_is_logged_once_by_the_grpc_layer(rig: Rig, monkeypatch: py
 
     monkeypatch.setattr(kubeletplugin.draservice, "log", Recorder())
     good, bad = rig.api.add_claim(make_claim("good")), rig.api.add_claim(make_claim("bad"))
+    buggy = rig.api.add_claim(make_claim("buggy"))
     rig.state.fail_with["uid-bad"] = "GPU gpu-0 is not on this node"
-    rig.conn.prepare([ref_of(good), ref_of(bad)])
+
+    def explode(ref: ClaimRef) -> None:
+        if ref.name == "buggy":
+            raise ZeroDivisionError("oops")
+
+    rig.state.on_prepare = explode
+    rig.conn.prepare([ref_of(good), ref_of(bad), ref_of(buggy)])
     by_claim = sorted((e[1]["claim"], e[0], e[1]["level"]) for e in events)
     assert by_claim == [
         ("default/bad", "claim not prepared", "warning"),
+        ("default/buggy", "prepare failed unexpectedly", "exception"),  # exception: with the traceback
         ("default/good", "claim prepared", "info"),
     ]
+    assert all(e[1]["claim_uid"] == f"uid-{e[1]['claim'].split('/')[1]}" for e in events)
 
 
 # -- concurrency and deadlines -----------------------------------------------------------------
