@@ -182,6 +182,12 @@ class KubeletPlugin:
         """Publisher, recovery, DRA socket, registration socket, metrics; on failure, undoes what started."""
         try:
             self.membership.join()
+            # Conditions known before this start (saved ones, or the event log replayed on a simulated
+            # node) go into the desired slices before the publisher's first sync, so a restart never
+            # publishes a tainted GPU without its taint while recovery runs.
+            self.health_monitor.refresh()
+            if self.event_source is not None:
+                self.event_source.start()
             self.leadership.start()
             report = self.state.recover()
             if report.failed:
@@ -189,9 +195,6 @@ class KubeletPlugin:
             if self.health_source is not None:
                 self.health_source.start()
             remove_dead_sockets(self.config.socket_paths)
-            self.health_monitor.refresh()  # conditions saved before a restart are published again at once
-            if self.event_source is not None:
-                self.event_source.start()
             if self.config.nvml:
                 self._start_nvml_events()
             self.dra_server.start()

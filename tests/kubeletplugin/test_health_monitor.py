@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -157,6 +158,29 @@ def test_conditions_in_the_event_log_are_published_again_after_a_restart(plugin:
     plugin.start()
     assert plugin.publisher.wait_synced(30)
     assert list(_stored_taints(plugin.fake)) == ["gpu-0"]
+
+
+def test_the_first_slices_after_a_restart_already_carry_the_taints(plugin: Any) -> None:
+    append_event(plugin.config.state_dir / EVENT_LOG_FILE, {"gpu": 0, "event": "gpu-lost", "time": T0})
+    written: list[dict[str, Any]] = []
+    create = plugin.fake.create_resource_slice
+
+    def recording(body: dict[str, Any]) -> Any:
+        written.append(copy.deepcopy(body))
+        return create(body)
+
+    plugin.fake.create_resource_slice = recording
+    recover = plugin.state.recover
+
+    def slow_recover() -> Any:
+        time.sleep(0.5)  # MPS daemons restarted after a reboot take this long and more
+        return recover()
+
+    plugin.state.recover = slow_recover
+    plugin.start()
+    assert plugin.publisher.wait_synced(30)
+    first_with_gpu0 = next(s for s in written if "gpu-0" in {d["name"] for d in s["spec"]["devices"]})
+    assert "gpu-0" in taints_of([first_with_gpu0])
 
 
 def test_inject_cli_appends_events_the_log_source_reads(tmp_path: Path) -> None:
