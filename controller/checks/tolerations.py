@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.checks.findings import DRIVER, Finding, warning
 from controller.checks.inputs import CheckContext
-from controller.cluster.taints import tolerates
+from controller.cluster.taints import fmt_taint, untolerated_taint
 
 HEALTH_PREFIX = f"{DRIVER}/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"
@@ -21,17 +21,16 @@ _SHOWN = 3
 
 
 def _admitted(tolerations: Sequence[Mapping[str, Any]], ctx: CheckContext) -> list[str]:
-    """Tainted devices in the inventory with a tessera health taint that these tolerations let through."""
+    """Devices in the inventory with a tessera health taint that these tolerations let through."""
     if ctx.inventory is None:
         return []
     out = []
     for device in ctx.inventory.devices:
-        taints = [t for t in device.spec.get("taints") or [] if isinstance(t, Mapping)
+        health = [t for t in device.spec.get("taints") or [] if isinstance(t, Mapping)
                   and str(t.get("key", "")).startswith(HEALTH_PREFIX)
                   and t.get("effect") in ("NoSchedule", "NoExecute")]
-        if taints and all(any(tolerates(tol, t) for tol in tolerations) for t in taints):
-            shown = ", ".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints)
-            out.append(f"{device.ref} ({shown})")
+        if health and untolerated_taint(device, tolerations) is None:
+            out.append(f"{device.ref} ({', '.join(fmt_taint(t) for t in health)})")
     return out
 
 
@@ -42,6 +41,7 @@ def toleration_findings(body: Mapping[str, Any], path: str, ctx: CheckContext) -
         return []
     tolerations = [t for t in raw if isinstance(t, Mapping)]
     findings: list[Finding] = []
+    admitted: list[str] | None = None  # the same for every toleration of the request: one inventory walk
     for i, tol in enumerate(raw):
         if not isinstance(tol, Mapping):
             continue
@@ -55,7 +55,8 @@ def toleration_findings(body: Mapping[str, Any], path: str, ctx: CheckContext) -
             why = f"tolerates {GPU_LOST}: this claim can be allocated a GPU that has fallen off the bus"
         if not why:
             continue
-        admitted = _admitted(tolerations, ctx)
+        if admitted is None:
+            admitted = _admitted(tolerations, ctx)
         if admitted:
             more = f" and {len(admitted) - _SHOWN} more" if len(admitted) > _SHOWN else ""
             why += f"; tainted devices it admits today: {', '.join(admitted[:_SHOWN])}{more}"

@@ -73,3 +73,14 @@ def test_a_toleration_naming_the_taint_a_diagnostics_job_needs_is_quiet(handler:
 def test_toleration_matching_follows_the_device_toleration_rules(toleration: dict[str, Any], taint: dict[str, Any],
                                                                   expected: bool) -> None:
     assert tolerates(toleration, taint) is expected
+
+
+def test_a_device_held_back_by_a_taint_the_request_does_not_tolerate_is_not_listed_as_admitted() -> None:
+    maintenance = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
+    slices = build_slices(load_inventory("node-a", simulate="dgx-h100-8"), taints={3: [LOST, maintenance], 4: [LOST]})
+    index = DeviceIndex.from_slices(slices)
+    handler = AdmissionHandler(lambda: CheckContext(schema=published_schema(), samples=sample_index(), inventory=index,
+                                                    classes={"gpu.tessera.dev": GPU_CLASS}, classes_complete=True))
+    [w] = warnings(handler, claim(spec({"key": "gpu.tessera.dev/gpu-lost", "operator": "Exists"})))
+    assert "node-a/gpu-4 (gpu.tessera.dev/gpu-lost=fallen-off-bus:NoExecute)" in w
+    assert "gpu-3" not in w, "the maintenance taint still keeps gpu-3 from this claim"
