@@ -8,7 +8,9 @@ view, after kubelet handed the CDI ids to containerd and the runtime applied tes
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from e2e.kube import Kube, Obj
 from e2e.node.images import WORKLOAD_IMAGE
@@ -120,3 +122,15 @@ def wait_reported(kube: Kube, node: RealNode, namespace: str, name: str, timeout
         return wait_for(reported, timeout=timeout, interval=0.3, what=f"pod {namespace}/{name} to run and report")
     except ClusterError as exc:
         raise ClusterError(f"{exc}\n{describe_pod(kube, namespace, name)}") from None
+
+
+def cdi_specs(node: RealNode, claim_uid: str) -> list[Path]:
+    """The claim's CDI spec files on the node (a writer's dot-named temp file is not a spec)."""
+    return sorted(p for p in node.cdi_dir.iterdir() if claim_uid in p.name and not p.name.startswith("."))
+
+
+def mps_daemons(node: RealNode) -> dict[str, Obj]:
+    """The MPS daemons the node's plugin recorded, by claim uid (SimulatedMpsControl's registry)."""
+    path = node.state_dir / "fake-mps.json"
+    data: dict[str, Obj] = json.loads(path.read_text()) if path.exists() else {}
+    return data

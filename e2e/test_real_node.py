@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from e2e.kube import Kube, Obj
 from e2e.node.podresources import list_dynamic_resources
 from e2e.node.realnode import RealNode
 from e2e.processes import wait_for
-from e2e.realpods import StartedPod, probe_pod, wait_reported
+from e2e.realpods import StartedPod, cdi_specs, mps_daemons, probe_pod, wait_reported
 from e2e.workloads import (
     claim,
     claim_spec,
@@ -63,19 +62,6 @@ def _attr(attributes: Obj, name: str) -> object:
     return next(iter(value.values()), None)
 
 
-def _cdi_specs(node: RealNode, claim_uid: str) -> list[Path]:
-    return sorted(p for p in node.cdi_dir.glob("*") if claim_uid in p.name)
-
-
-def _mps_daemons(node: RealNode) -> dict[str, Obj]:
-    """The simulated MPS daemons the plugin started (stand-in for nvidia-cuda-mps-control, no GPU here)."""
-    path = node.state_dir / "fake-mps.json"
-    if not path.exists():
-        return {}
-    data: dict[str, Obj] = json.loads(path.read_text())
-    return data
-
-
 def _prepares(node: RealNode, claim_uid: str) -> int:
     assert node.plugin is not None
     text = node.plugin.log_path.read_text(errors="replace")
@@ -104,7 +90,7 @@ def test_whole_gpu_seen_from_inside_and_by_podresources(kube: Kube, real_dgx: Re
     held = list_dynamic_resources(real_dgx.podresources_socket, namespace, "whole")["probe"]
     assert [(h.device, h.pool) for h in held] == [(device, real_dgx.name)]
     assert held[0].cdi_ids and all(i.startswith(f"{DRIVER}/claim=") for i in held[0].cdi_ids)
-    spec_text = "".join(p.read_text() for p in _cdi_specs(real_dgx, c["metadata"]["uid"]))
+    spec_text = "".join(p.read_text() for p in cdi_specs(real_dgx, c["metadata"]["uid"]))
     assert all(i.split("=", 1)[1] in spec_text for i in held[0].cdi_ids)
 
 
@@ -132,7 +118,7 @@ def test_two_memory_shares_on_one_card(kube: Kube, real_a100: RealNode, namespac
     shares = [list_dynamic_resources(real_a100.podresources_socket, namespace, n)["probe"][0]
               for n in ("share-a", "share-b")]
     assert shares[0].device == shares[1].device and shares[0].share_id and shares[0].share_id != shares[1].share_id
-    daemons = _mps_daemons(real_a100)
+    daemons = mps_daemons(real_a100)
     for started in (a, b):
         uid = _claim_of(kube, started)["metadata"]["uid"]
         assert daemons[uid]["limitsMiB"] == [10 * 1024]
@@ -146,7 +132,7 @@ def test_twelve_gib_across_four_cards(kube: Kube, real_dgx: RealNode, namespace:
     c = _claim_of(kube, started)
     assert len(view.visible) == 4 and len(set(view.visible)) == 4
     assert view.visible == _uuids(kube, real_dgx, c)
-    limits = _mps_daemons(real_dgx)[c["metadata"]["uid"]]
+    limits = mps_daemons(real_dgx)[c["metadata"]["uid"]]
     assert limits["limitsMiB"] == [3 * 1024] * 4
     assert limits["gpuUUIDs"] == view.visible, "the daemon's per-card limits follow the container's device order"
 
@@ -177,9 +163,9 @@ def test_time_sliced_claim_shared_by_two_containers(kube: Kube, real_a100: RealN
 def test_deleted_pod_is_unprepared(kube: Kube, real_a100: RealNode, namespace: str) -> None:
     started = _start(kube, real_a100, namespace, "gone", claim_spec(request(memory="5Gi")))
     uid = _claim_of(kube, started)["metadata"]["uid"]
-    assert _cdi_specs(real_a100, uid) and uid in _mps_daemons(real_a100)
+    assert cdi_specs(real_a100, uid) and uid in mps_daemons(real_a100)
     delete_pods(kube, namespace, ["gone"])
-    wait_for(lambda: not _cdi_specs(real_a100, uid) and uid not in _mps_daemons(real_a100), timeout=60,
+    wait_for(lambda: not cdi_specs(real_a100, uid) and uid not in mps_daemons(real_a100), timeout=60,
              what="NodeUnprepareResources to remove the claim's CDI spec and MPS daemon")
     assert not [t for t in real_a100.running_containers() if t in json.dumps(started.pod)]
 
@@ -213,7 +199,7 @@ def test_plugin_restarted_while_pod_admitted(kube: Kube, real_a100: RealNode, na
     real_a100.start_plugin()
     started = wait_reported(kube, real_a100, namespace, "late")
     uid = _claim_of(kube, started)["metadata"]["uid"]
-    assert len(_cdi_specs(real_a100, uid)) == 1
+    assert len(cdi_specs(real_a100, uid)) == 1
     assert started.views["probe"].visible
 
 

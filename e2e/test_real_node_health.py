@@ -20,7 +20,7 @@ from e2e.cluster import DRIVER
 from e2e.kube import Kube, Obj
 from e2e.node.realnode import RealNode
 from e2e.processes import wait_for
-from e2e.realpods import probe_pod, wait_reported
+from e2e.realpods import cdi_specs, mps_daemons, probe_pod, wait_reported
 from e2e.workloads import (
     claim,
     claim_spec,
@@ -77,16 +77,6 @@ def _devices(claim_obj: Obj) -> list[str]:
     return [r["device"] for r in claim_obj["status"]["allocation"]["devices"]["results"]]
 
 
-def _cdi_specs(node: RealNode, claim_uid: str) -> list[str]:
-    return sorted(p.name for p in node.cdi_dir.glob("*") if claim_uid in p.name)
-
-
-def _mps(node: RealNode) -> dict[str, Obj]:
-    path = node.state_dir / "fake-mps.json"
-    data: dict[str, Obj] = json.loads(path.read_text()) if path.exists() else {}
-    return data
-
-
 @pytest.fixture
 def deployment_removed(kube: Kube, namespace: str) -> Iterator[None]:
     """Deletes the namespace's Deployments and waits for their ReplicaSets to go, before the namespace
@@ -117,7 +107,7 @@ def test_gpu_lost_taints_evicts_unprepares_and_the_deployment_moves(
     first_claim = _allocated(kube, namespace, started.pod)
     [device] = _devices(first_claim)
     uid = first_claim["metadata"]["uid"]
-    assert _cdi_specs(real_a100, uid)
+    assert cdi_specs(real_a100, uid)
 
     inject(real_a100, gpu_index(device), "xid", xid=79)
     tainted = wait_for(lambda: taints(kube, real_a100).get(device), timeout=10,
@@ -127,7 +117,7 @@ def test_gpu_lost_taints_evicts_unprepares_and_the_deployment_moves(
     # evicted by kube-controller-manager, unprepared by kubelet, claim gone with its pod
     wait_for(lambda: kube.get_or_none("Pod", first["metadata"]["name"], namespace) is None, timeout=60,
              what="the pod on the lost GPU to be evicted")
-    wait_for(lambda: not _cdi_specs(real_a100, uid), timeout=60, what="the evicted claim's CDI spec to go")
+    wait_for(lambda: not cdi_specs(real_a100, uid), timeout=60, what="the evicted claim's CDI spec to go")
     wait_for(lambda: kube.get_or_none("ResourceClaim", first_claim["metadata"]["name"], namespace) is None,
              timeout=60, what="the evicted pod's claim to be deleted (deallocated)")
 
@@ -153,7 +143,7 @@ def test_double_bit_ecc_evicts_both_shares_but_not_the_mig_pod_on_another_gpu(
     if gpu_index(mig_dev) == gpu_index(share_dev):
         pytest.fail(f"the MIG device {mig_dev} landed on the shares' GPU; the test needs them apart")
     share_uids = [claims[n]["metadata"]["uid"] for n in ("share-a", "share-b")]
-    assert all(u in _mps(real_dgx) for u in share_uids)
+    assert all(u in mps_daemons(real_dgx) for u in share_uids)
 
     on_gpu = {d["name"] for s in slices_of(kube, real_dgx.name) for d in s["spec"].get("devices", [])
               if gpu_index(d["name"]) == gpu_index(share_dev)}
@@ -166,9 +156,9 @@ def test_double_bit_ecc_evicts_both_shares_but_not_the_mig_pod_on_another_gpu(
     for name in ("share-a", "share-b"):
         wait_for(lambda n=name: kube.get_or_none("Pod", n, namespace) is None, timeout=60,
                  what=f"{name} on the GPU with a double-bit ECC error to be evicted")
-    wait_for(lambda: not any(u in _mps(real_dgx) for u in share_uids), timeout=60,
+    wait_for(lambda: not any(u in mps_daemons(real_dgx) for u in share_uids), timeout=60,
              what="the evicted shares' MPS daemons to stop")
-    assert not any(_cdi_specs(real_dgx, u) for u in share_uids)
+    assert not any(cdi_specs(real_dgx, u) for u in share_uids)
     mig_pod = kube.get("Pod", "mig", namespace)
     assert mig_pod["status"]["phase"] == "Running" and not mig_pod["metadata"].get("deletionTimestamp")
 
@@ -177,7 +167,7 @@ def test_double_bit_ecc_evicts_both_shares_but_not_the_mig_pod_on_another_gpu(
     inject(real_dgx, gpu_index(mig_dev), "ecc-double-bit")
     wait_for(lambda: kube.get_or_none("Pod", "mig", namespace) is None, timeout=60,
              what="the MIG pod on the second GPU with an ECC error to be evicted")
-    wait_for(lambda: not _cdi_specs(real_dgx, mig_uid), timeout=60, what="the MIG claim's CDI spec to go")
+    wait_for(lambda: not cdi_specs(real_dgx, mig_uid), timeout=60, what="the MIG claim's CDI spec to go")
 
 
 def _resource_health(kube: Kube, namespace: str, name: str) -> list[Obj]:
@@ -245,12 +235,12 @@ def test_time_sliced_claim_is_evicted_with_its_gpu(
     sliced = _allocated(kube, namespace, started.pod)
     [device] = _devices(sliced)
     uid = sliced["metadata"]["uid"]
-    assert _cdi_specs(real_a100, uid)
+    assert cdi_specs(real_a100, uid)
 
     inject(real_a100, gpu_index(device), "gpu-lost")
     wait_for(lambda: kube.get_or_none("Pod", "sliced", namespace) is None, timeout=60,
              what="the time-sliced pod on the lost GPU to be evicted")
-    wait_for(lambda: not _cdi_specs(real_a100, uid), timeout=60, what="the time-sliced claim to be unprepared")
+    wait_for(lambda: not cdi_specs(real_a100, uid), timeout=60, what="the time-sliced claim to be unprepared")
     # a claim the user created (not from a template) stays, deallocated once no pod uses it
     wait_for(lambda: not kube.get("ResourceClaim", "sliced", namespace).get("status", {}).get("allocation"),
              timeout=60, what="the time-sliced claim to be deallocated")

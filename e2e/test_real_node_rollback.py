@@ -17,7 +17,7 @@ from e2e.kube import Kube
 from e2e.node.previous_build import NoPreviousBuild, extract, last_commit_without
 from e2e.node.realnode import RealNode
 from e2e.processes import wait_for
-from e2e.realpods import probe_pod, wait_reported
+from e2e.realpods import cdi_specs, mps_daemons, probe_pod, wait_reported
 from e2e.workloads import claim_spec, claim_template, delete_pods, pod_claim_name, request
 
 
@@ -38,9 +38,7 @@ def _container_id(kube: Kube, namespace: str, pod: str) -> str:
 
 
 def _unprepared(node: RealNode, uid: str) -> bool:
-    mps = node.state_dir / "fake-mps.json"
-    daemons = json.loads(mps.read_text()) if mps.exists() else {}
-    return not [p for p in node.cdi_dir.glob("*") if uid in p.name] and uid not in daemons
+    return not cdi_specs(node, uid) and uid not in mps_daemons(node)
 
 
 def _run(kube: Kube, node: RealNode, namespace: str, name: str) -> str:
@@ -81,7 +79,7 @@ def test_rollback_to_format_1_and_forward_keeps_every_claim(
     assert _container_id(kube, namespace, "kept-across") == kept_container, "the pod's container was restarted"
     assert kept_container.split("//", 1)[-1] in real_a100.running_containers()
     for uid in (second, third):
-        assert len([p for p in real_a100.cdi_dir.glob("*") if uid in p.name]) == 1
+        assert len(cdi_specs(real_a100, uid)) == 1
     delete_pods(kube, namespace)
     wait_for(lambda: _unprepared(real_a100, second) and _unprepared(real_a100, third), timeout=60,
              what="this build to unprepare claims prepared before and during the rollback")

@@ -22,7 +22,7 @@ from e2e.kube import Kube
 from e2e.node.podresources import list_dynamic_resources
 from e2e.node.realnode import RealNode
 from e2e.processes import ManagedProcess, wait_for
-from e2e.realpods import probe_pod, wait_reported
+from e2e.realpods import cdi_specs, probe_pod, wait_reported
 from e2e.workloads import claim_spec, claim_template, pod_claim_name, request, slices_of
 
 KEEP = 3  # the first pods run through the whole upgrade; later ones are deleted again (short claims)
@@ -142,7 +142,7 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
         per_claim = {uid: [p for p in prepared if p[1] == uid] for uid in uids.values()}
         assert {uid: len(p) for uid, p in per_claim.items()} == dict.fromkeys(uids.values(), 1)
         for uid in uids.values():
-            specs = [p for p in node.cdi_dir.iterdir() if uid in p.name and not p.name.startswith(".")]
+            specs = cdi_specs(node, uid)
             assert len(specs) == 1, (uid, specs)
         # kubelet used the new instance as soon as it was registered, and only it once the old one left
         assert any(log == new.log_path.name and t_new <= at < t_stop for at, _, log in prepared)
@@ -157,7 +157,7 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
             # kubelet still accounts the claim's device to the pod, with the same CDI id as before
             held = list_dynamic_resources(node.podresources_socket, namespace, name)["probe"]
             assert len(held) == 1 and held[0].cdi_ids, held
-            spec = next(q for q in node.cdi_dir.iterdir() if uids[name] in q.name and not q.name.startswith("."))
+            [spec] = cdi_specs(node, uids[name])
             assert all(i.split("=", 1)[1] in spec.read_text() for i in held[0].cdi_ids)
         # the node's slices stayed, now kept by the new instance
         assert slices_of(kube, node.name)
