@@ -359,6 +359,7 @@ class CheckpointStore:
             self._forget()
             data = encode(entries, self.boot_id)
             write_atomic(self.path, data, 0o600)
+            self.written_in_boot = self.boot_id
             self._remember(dict(entries), data, self._identity(os.stat(self.path)))
 
     def stamp_boot(self) -> None:

@@ -189,3 +189,12 @@ def test_a_machine_without_a_boot_id_records_none(tmp_path: Path) -> None:
     assert current_boot_id(tmp_path / "missing") == ""
     (tmp_path / "boot_id").write_text("abc-123\n")
     assert current_boot_id(tmp_path / "boot_id") == "abc-123"
+
+
+def test_a_file_this_store_saved_in_this_boot_is_not_stamped_again(tmp_path: Path) -> None:
+    CheckpointStore(tmp_path, boot_id="boot-a").save({UID: full_entry()})
+    store = CheckpointStore(tmp_path, boot_id="boot-b")
+    store.save(dict(store.load()))  # recovery after a reboot writes the restored entries
+    written = store.path.stat().st_ino
+    store.stamp_boot()
+    assert store.path.stat().st_ino == written, "the file already records this boot: no second write"
