@@ -15,6 +15,7 @@ exponential backoff and logs once per change between healthy and failing.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -100,8 +101,7 @@ class Publisher:
         self._watch_timeout = watch_timeout
         self._watch_enabled = watch
         self._backoff = backoff or Backoff()
-        self._watch_backoff = Backoff(initial=self._backoff.initial, maximum=self._backoff.maximum,
-                                      rng=self._backoff.rng)
+        self._watch_backoff = dataclasses.replace(self._backoff)  # same settings, its own attempt count
         self._wait = wait
         self._clock = clock
 

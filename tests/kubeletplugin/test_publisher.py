@@ -449,3 +449,12 @@ def test_changes_made_while_the_watch_was_down_are_repaired_once_it_is_back() ->
     finally:
         pub.stop()
         api.close_watches()
+
+
+def test_the_watch_retries_with_the_same_backoff_settings_but_its_own_count(fake: FakeKubeAPI) -> None:
+    backoff = Backoff(initial=1.0, maximum=100.0, factor=3.0, jitter=0.0, rng=lambda: 0.5)
+    pub = Publisher(fake, NODE, two_slices(), backoff=backoff)
+    watch = pub._watch_backoff
+    assert watch is not backoff
+    assert [watch.next(), watch.next(), watch.next()] == [1.0, 3.0, 9.0]
+    assert backoff.attempts == 0
