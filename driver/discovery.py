@@ -12,18 +12,10 @@ import structlog
 
 from driver.errors import DiscoveryError
 from driver.model import Inventory
-from driver.nvlink import assign_nvlink_islands, island_id, nvlink_placements
 from driver.nvml import load_nvml_inventory
 from driver.simulated import simulated_inventory
 
-__all__ = [
-    "DEFAULT_PROFILE",
-    "DiscoveryError",
-    "assign_nvlink_islands",
-    "island_id",
-    "load_inventory",
-    "nvlink_placements",
-]
+__all__ = ["DEFAULT_PROFILE", "load_inventory"]
 
 log = structlog.get_logger(__name__)
 

@@ -117,7 +117,8 @@ def health_taints(path: Path, gpu_indexes: list[int]) -> dict[int, list[dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.discovery import DiscoveryError, load_inventory
+    from driver.discovery import load_inventory
+    from driver.errors import DiscoveryError
     from driver.slices import SliceBuildError, build_slices
 
     node = args.node or default_node_name()

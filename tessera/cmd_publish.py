@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import structlog
 
-    from driver.discovery import DiscoveryError, load_inventory
+    from driver.discovery import load_inventory
+    from driver.errors import DiscoveryError
     from driver.kubeapi import RealKubeAPI
     from driver.slices import SliceBuildError, build_slices
     from kubeletplugin.publisher import Publisher

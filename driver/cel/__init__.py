@@ -11,9 +11,9 @@ Engine: cel-expr-python by default; TESSERA_CEL_ENGINE=celpy|celexpr or engine= 
 Fidelity: tests/driver/cel/corpus.json, every case confirmed against Kubernetes' own CEL library.
 """
 
-from driver.cel.analysis import AttributeRead
 from driver.cel.device import DeviceView, device_view
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError, DeviceViewError
+from driver.cel.findings import AttributeRead
 from driver.cel.selector import DEFAULT_ENGINE, ENGINE_ENV_VAR, ENGINES, CompiledSelector, compile_selector
 
 __all__ = [

@@ -16,14 +16,10 @@ Kubernetes limits. This module runs them in order.
 from __future__ import annotations
 
 from driver.cel.cost import estimate as estimate_cost
-from driver.cel.findings import Analysis, AttributeRead, Issue, ReadKind
-from driver.cel.limits import MAX_COST, MAX_EXPRESSION_BYTES
+from driver.cel.findings import Analysis
 from driver.cel.syntax import Node
 from driver.cel.typecheck import TypeChecker
 from driver.cel.typemodel import Scope, cel_type_name
-
-# Callers import the result types and the limits a selector is checked against from here.
-__all__ = ["MAX_COST", "MAX_EXPRESSION_BYTES", "Analysis", "AttributeRead", "Issue", "ReadKind", "analyze"]
 
 
 def analyze(src: str, ast: Node) -> Analysis:

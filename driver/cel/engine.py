@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
+from driver.cel.findings import Analysis
 from driver.cel.syntax import Node
 
 

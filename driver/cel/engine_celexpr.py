@@ -40,9 +40,9 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from driver.cel import library
-from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
+from driver.cel.findings import Analysis
 from driver.cel.printer import unparse
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, map_children

@@ -34,9 +34,9 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError, base_functions
 
 from driver.cel import library
-from driver.cel.analysis import Analysis
 from driver.cel.device import DeviceView
 from driver.cel.errors import CelCompileError, CelRuntimeError
+from driver.cel.findings import Analysis
 from driver.cel.printer import unparse
 from driver.cel.rewrite import expand_two_variable_macros
 from driver.cel.syntax import Call, Ident, Index, ListLit, Node, Select, map_children

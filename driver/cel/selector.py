@@ -8,10 +8,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from driver.cel.analysis import MAX_COST, MAX_EXPRESSION_BYTES, AttributeRead, analyze
+from driver.cel.analysis import analyze
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
+from driver.cel.findings import AttributeRead
+from driver.cel.limits import MAX_COST, MAX_EXPRESSION_BYTES
 from driver.cel.syntax import CelSyntaxError, line_and_column, parse, tokenize, tree_depth
 from driver.errors import TesseraError
 

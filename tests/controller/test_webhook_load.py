@@ -22,7 +22,7 @@ from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.webhook import CertificateStore, ReviewSlots, WebhookServer
 from driver.cel import CelBudgetExceeded, compile_selector, device_view
-from driver.cel.analysis import MAX_COST
+from driver.cel.limits import MAX_COST
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.builders.admission import claim, review

@@ -7,14 +7,9 @@ import ctypes
 import pytest
 
 from driver import nvml as nvml_backend
-from driver.discovery import (
-    DEFAULT_PROFILE,
-    DiscoveryError,
-    assign_nvlink_islands,
-    island_id,
-    load_inventory,
-    nvlink_placements,
-)
+from driver.discovery import DEFAULT_PROFILE, load_inventory
+from driver.errors import DiscoveryError
+from driver.nvlink import assign_nvlink_islands, island_id, nvlink_placements
 from tests.fakes.nvml import pcie_pair_node
 
 UUIDS = {i: f"GPU-0000000{i}-0000-0000-0000-000000000000" for i in range(6)}

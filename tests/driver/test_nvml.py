@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from driver.discovery import DiscoveryError
+from driver.errors import DiscoveryError
 from driver.nvml import (
     architecture_for_capability,
     cuda_version_text,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from driver import mig
-from driver.discovery import DiscoveryError, load_inventory
+from driver.discovery import load_inventory
+from driver.errors import DiscoveryError
 from driver.simulated import builtin_profiles, gpu_uuid, load_profile, mig_uuid, simulated_inventory
 
 MIB = 1024 * 1024

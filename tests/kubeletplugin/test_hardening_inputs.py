@@ -198,7 +198,8 @@ def test_check_refuses_a_file_over_the_size_limit_without_reading_it_all(tmp_pat
 
 
 def test_simulated_profiles_get_the_same_limits(tmp_path: Path) -> None:
-    from driver.discovery import DiscoveryError, load_inventory
+    from driver.discovery import load_inventory
+    from driver.errors import DiscoveryError
 
     path = tmp_path / "profile.yaml"
     path.write_text(_bomb(8))

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from controller.admission import ENDPOINTS, AdmissionHandler, ReviewError
 from driver.config import API_VERSION, ConfigError, GpuConfig, decode_gpu_config
-from driver.discovery import DiscoveryError, load_inventory
+from driver.discovery import load_inventory
+from driver.errors import DiscoveryError
 from driver.model import Inventory
 from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.admission import claim as admission_claim

@@ -26,7 +26,7 @@ import pytest
 
 from controller.admission import AdmissionHandler
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
-from driver.cel.analysis import MAX_EXPRESSION_BYTES
+from driver.cel.limits import MAX_EXPRESSION_BYTES
 from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.plugin import NODE, add_share_claim, make_config, uid
 from tests.builders.webhook import CA

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from driver.cel import CelCompileError, compile_selector
-from driver.cel.analysis import MAX_COST, analyze
+from driver.cel.analysis import analyze
+from driver.cel.limits import MAX_COST
 from driver.cel.syntax import parse
 from tests.driver.cel.corpus import COST_CORPUS, load
 

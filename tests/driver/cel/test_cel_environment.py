@@ -15,7 +15,7 @@ from driver.cel import (
     compile_selector,
     device_view,
 )
-from driver.cel.analysis import MAX_EXPRESSION_BYTES
+from driver.cel.limits import MAX_EXPRESSION_BYTES
 from driver.quantity import Quantity
 from driver.semver import Version
 
