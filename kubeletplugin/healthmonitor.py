@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from driver.atomicfile import write_atomic
-from driver.health import EventClass, GpuConditions, HealthEvent, HealthPolicy, parse_event
+from driver.health import GpuConditions, HealthEvent, HealthPolicy, parse_event
 from driver.model import Inventory
 from driver.slices import build_slices
 from kubeletplugin.health import Health, HealthBoard
@@ -104,10 +104,10 @@ class HealthMonitor:
             return build_slices(self.inventory, mig_strategy=self._mig_strategy,
                                 taints=self._conditions.taints_by_gpu())
 
-    def handle(self, event: HealthEvent | None, *, kind: str = "") -> bool:
+    def handle(self, event: HealthEvent | None) -> bool:
         """Apply one event (None: an ignored XID, counted only); True when anything changed."""
         if self._metrics is not None:
-            self._metrics.health_events.labels(event_class=event.event.value if event else kind or "ignored").inc()
+            self._metrics.health_events.labels(event_class=event.event.value if event else "ignored").inc()
         if event is None:
             return False
         with self._lock:
@@ -206,8 +206,7 @@ class EventLogSource:
                 log.warning("ignoring a bad line in the health event log", error=str(exc), path=str(self.path),
                             line=self._line)
                 continue
-            kind = decoded.get("event", "") if event is None else ""
-            self._monitor.handle(event, kind="ignored" if kind == EventClass.XID.value else kind)
+            self._monitor.handle(event)  # None: an XID the policy ignores
             read += 1
         self._offset += end
         return read
