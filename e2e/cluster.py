@@ -16,7 +16,6 @@ import datetime
 import functools
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +28,15 @@ from typing import Any
 import yaml
 
 from e2e.kube import ADMIN_TOKEN, Kube, Obj, load_manifests
-from e2e.node.realnode import RealNode, clean_stale_nodes, node_binaries
+from e2e.network import (
+    APISERVER_PORT,
+    HUB_ADDRESS,
+    KUBERNETES_SERVICE_IP,
+    SERVICE_RANGE,
+    PrivateNetwork,
+    connect_in,
+)
+from e2e.node.realnode import RealNode, clean_stale_nodes, node_binaries, private_network_unavailable
 from e2e.pki import Pki, write_service_account_key
 from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
 
@@ -62,11 +69,17 @@ def harness_path() -> Path:
 
 @dataclass
 class ControlPlane:
-    """etcd, kube-apiserver, kube-scheduler, the ResourceClaim controller and the garbage collector on 127.0.0.1."""
+    """etcd, kube-apiserver, kube-scheduler and kube-controller-manager (its usual controllers).
+
+    With a private network (root), they run in its hub namespace and the machine reaches the
+    apiserver through a forwarder on 127.0.0.1 (e2e/network.py); without one, all of them listen on
+    the machine's 127.0.0.1.
+    """
 
     work_dir: Path
     harness: Path
     older_cluster: bool = False
+    network: PrivateNetwork | None = None
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     pki: Pki = field(default_factory=Pki.create)
     apiserver_port: int = 0
@@ -74,7 +87,13 @@ class ControlPlane:
 
     @property
     def kubeconfig(self) -> Path:
+        """For clients on the machine: the forwarder's (or the apiserver's own) port on 127.0.0.1."""
         return self.work_dir / "kubeconfig"
+
+    @property
+    def internal_kubeconfig(self) -> Path:
+        """For processes inside the private network (nodes, the control plane): the apiserver's own address."""
+        return self.work_dir / "kubeconfig-internal" if self.network else self.kubeconfig
 
     @property
     def ca_file(self) -> Path:
@@ -84,8 +103,13 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
+    def enter(self) -> list[str]:
+        """The argv prefix for a process that belongs with the control plane (its network namespace)."""
+        return self.network.enter() if self.network else []
+
     def _start(self, name: str, argv: list[str], scratch: list[Path] | None = None) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.work_dir / "logs" / f"{name}.log", scratch=scratch or []).start()
+        proc = ManagedProcess(name, [*self.enter(), *argv], self.work_dir / "logs" / f"{name}.log",
+                              scratch=scratch or []).start()
         self.processes[name] = proc
         return proc
 
@@ -94,7 +118,12 @@ class ControlPlane:
         pki_dir = self.work_dir / "pki"
         pki_dir.mkdir(exist_ok=True)
         self.ca_file.write_bytes(self.pki.ca_pem)
-        cert, key = self.pki.issue_server("kube-apiserver", pki_dir)
+        cert, key = self.pki.issue_server(
+            "kube-apiserver", pki_dir, ips=(HUB_ADDRESS, KUBERNETES_SERVICE_IP),
+            names=("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                   "kubernetes.default.svc.cluster.local"))
+        # What the apiserver shows kubelets (logs, exec, port-forward); kubelets trust only this CA.
+        kubelet_cert, kubelet_key = self.pki.issue_client("kube-apiserver-kubelet-client", ("system:masters",), pki_dir)
         sa_key = pki_dir / "sa.key"
         write_service_account_key(sa_key)
         tokens = pki_dir / "tokens.csv"
@@ -112,23 +141,37 @@ class ControlPlane:
         wait_for(lambda: etcd.alive_and(lambda: "ready on" in etcd.log_path.read_text()),
                  timeout=60, what=f"etcd to be ready (log {etcd.log_path})")
 
-        self.apiserver_port = free_port()
         older = ["--older-cluster"] if self.older_cluster else []
+        if self.network:
+            # In the hub, on the kubernetes Service's port: pods reach it at 10.0.0.1:443 (e2e/network.py).
+            listen = ["--bind-address=0.0.0.0", f"--secure-port={APISERVER_PORT}", f"--advertise-address={HUB_ADDRESS}"]
+        else:
+            self.apiserver_port = free_port()
+            listen = ["--bind-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+                      "--advertise-address=127.0.0.1",
+                      # The Endpoints of `kubernetes` may not hold a loopback address.
+                      "--endpoint-reconciler-type=none"]
         apiserver = self._start("apiserver", [
             str(self.harness), "apiserver",
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}", *listen,
             f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
             f"--cert-dir={pki_dir / 'generated'}",
+            f"--client-ca-file={self.ca_file}",
+            f"--kubelet-client-certificate={kubelet_cert}", f"--kubelet-client-key={kubelet_key}",
+            # A node's InternalIP, never its name: names would be looked up in the machine's DNS.
+            "--kubelet-preferred-address-types=InternalIP",
+            # Webhook Services are called at their endpoints' pod addresses: there is no kube-proxy.
+            "--enable-aggregator-routing=true",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
-            # Fake nodes have no kubelet to clear the not-ready taint, and pods need no SA token.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--endpoint-reconciler-type=none", "--allow-privileged=true",
-            "--profiling=false", "-v=1", *older,
+            "--allow-privileged=true", "--profiling=false", "-v=1", *older,
         ])
+        if self.network:
+            forwarder, self.apiserver_port = self.network.forward(
+                "apiserver-forward", self.harness, f"127.0.0.1:{APISERVER_PORT}", self.work_dir / "logs")
+            self.processes["apiserver-forward"] = forwarder
         kube = Kube(self.server, self.ca_file)
 
         def ready() -> bool:
@@ -136,53 +179,59 @@ class ControlPlane:
             return kube.healthy("/readyz")
 
         wait_for(ready, timeout=timeout, interval=0.5, what=f"kube-apiserver /readyz (log {apiserver.log_path})")
-        self._write_kubeconfig()
+        self._write_kubeconfig(self.kubeconfig, self.server)
+        if self.network:
+            self._write_kubeconfig(self.internal_kubeconfig, f"https://{HUB_ADDRESS}:{APISERVER_PORT}")
         self.kube = kube
 
         sched_config = self.work_dir / "scheduler.yaml"
         # Short backoff: pods that were unschedulable get retried quickly once slices or claims change.
         sched_config.write_text(yaml.safe_dump({
             "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+            "clientConnection": {"kubeconfig": str(self.internal_kubeconfig)},
             "leaderElection": {"leaderElect": False},
             "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": 2,
         }))
         self._start("scheduler", [str(self.harness), "scheduler", f"--config={sched_config}",
                                   "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older])
         self._start("controller-manager", [
-            str(self.harness), "controller-manager", f"--kubeconfig={self.kubeconfig}",
-            # The garbage collector deletes claims generated for pods that are gone (ownerReferences);
-            # without it every finished pod would keep its devices allocated. The device taint eviction
-            # controller evicts pods whose devices got a NoExecute taint (GPU health, docs/health.md);
-            # Deployments and ReplicaSets run GPU workloads the way users write them (extended resources,
-            # and the replacement pod of an evicted one).
-            "--controllers=resourceclaim-controller,garbage-collector-controller,device-taint-eviction-controller,"
-            "deployment-controller,replicaset-controller", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
+            str(self.harness), "controller-manager", f"--kubeconfig={self.internal_kubeconfig}",
+            # The usual set, as a cluster runs it: namespaces delete, Deployments, Jobs, DaemonSets and
+            # StatefulSets get their pods, ServiceAccounts and kube-root-ca.crt appear in every
+            # namespace, Services get EndpointSlices, nodes whose kubelet stops renewing its Lease
+            # are tainted. The DRA ones are named so that a release which stops enabling them by
+            # default still runs them: claims from templates and their garbage collection, and
+            # eviction from GPUs with a NoExecute taint (docs/health.md).
+            "--controllers=*,resourceclaim-controller,device-taint-eviction-controller",
+            f"--root-ca-file={self.ca_file}", f"--service-account-private-key-file={sa_key}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2", *older,
         ])
         wait_for(lambda: kube.get_or_none("Namespace", "default"), timeout=60, what="the default namespace")
+        kcm_log = self.processes["controller-manager"].log_path
+        wait_for(lambda: kube.get_or_none("ServiceAccount", "default", "default"), timeout=60,
+                 what=f"the default ServiceAccount (controller-manager log {kcm_log})")
         return kube
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path, server: str) -> None:
         import base64
 
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "tessera-e2e",
             "clusters": [{"name": "tessera-e2e", "cluster": {
-                "server": self.server,
+                "server": server,
                 "certificate-authority-data": base64.b64encode(self.pki.ca_pem).decode()}}],
             "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
             "contexts": [{"name": "tessera-e2e", "context": {"cluster": "tessera-e2e", "user": "admin"}}],
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
 
     def check_alive(self) -> None:
         for proc in self.processes.values():
             proc.check_alive()
 
     def stop(self) -> None:
-        for name in ("controller-manager", "scheduler", "apiserver", "etcd"):
+        for name in ("controller-manager", "scheduler", "apiserver-forward", "apiserver", "etcd"):
             if name in self.processes:
                 self.processes[name].stop()  # etcd's stop removes its data dir
 
@@ -304,11 +353,16 @@ class NodeAgent:
 
 @dataclass
 class Controller:
-    """`tessera controller` serving the admission webhooks the apiserver calls."""
+    """`tessera controller` started by hand beside the apiserver (in its network namespace, if it has
+    one), serving the admission webhooks at a URL on 127.0.0.1. The chart's Deployment replaces it
+    where a test does not need to start the controller itself."""
 
     work_dir: Path
     kubeconfig: Path
     pki: Pki
+    # The control plane's argv prefix and network namespace holder (None: the machine's own network).
+    enter: list[str] = field(default_factory=list)
+    netns_pid: int | None = None
     port: int = 0
     process: ManagedProcess | None = None
 
@@ -316,7 +370,7 @@ class Controller:
         cert, key = self.pki.issue_server("tessera-controller", self.work_dir / "pki")
         self.port = free_port()
         self.process = ManagedProcess("controller", [
-            sys.executable, "-m", "tessera", "--log-format=json", "controller",
+            *self.enter, sys.executable, "-m", "tessera", "--log-format=json", "controller",
             f"--kubeconfig={self.kubeconfig}", f"--tls-cert={cert}", f"--tls-key={key}",
             f"--listen=127.0.0.1:{self.port}", f"--metrics-addr=127.0.0.1:{free_port()}",
         ], self.work_dir / "logs" / "controller.log").start()
@@ -326,7 +380,7 @@ class Controller:
 
         def listening() -> bool:
             proc.check_alive()
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock, \
+            with connect_in(self.netns_pid, ("127.0.0.1", self.port), timeout=2) as sock, \
                     ctx.wrap_socket(sock, server_hostname="localhost"):
                 return True
 
@@ -395,6 +449,11 @@ class NodeSpec:
     real: bool = False
     # Node taints kubelet registers the node with (`key=value:Effect`), e.g. to keep other pods off it.
     taints: tuple[str, ...] = ()
+    # Node labels kubelet registers the node with (`key=value`), e.g. the one the chart maps to a profile.
+    labels: tuple[str, ...] = ()
+    # A real node's plugin: started by hand (tests that crash, restart or replace it at a fault point),
+    # or left to the chart's DaemonSet (False).
+    plugin_by_hand: bool = True
 
 
 DEFAULT_CLASS: Obj = {
@@ -417,6 +476,11 @@ class Cluster:
     controller_skip_reason: str = ""
     # Real nodes that outlive this process (the demo) are owned by the apiserver: stale once it is gone.
     detached: bool = False
+    # tessera's DeviceClasses applied from deviceclasses/ (False: the chart brings its own).
+    device_classes: bool = True
+    # The private network of e2e/network.py: None decides by what the machine allows (root: yes).
+    private_network: bool | None = None
+    network: PrivateNetwork | None = None
 
     @property
     def kube(self) -> Kube:
@@ -429,16 +493,21 @@ class Cluster:
         return self.control_plane.kubeconfig
 
     def start(self) -> Cluster:
-        self.control_plane = ControlPlane(self.work_dir, self.harness, older_cluster=self.older_cluster)
+        self.network = self._network()
+        self.control_plane = ControlPlane(self.work_dir, self.harness, older_cluster=self.older_cluster,
+                                          network=self.network)
         kube = self.control_plane.start()
         stand_ins = [spec for spec in self.nodes if not spec.real]
         for spec in stand_ins:
             create_fake_node(kube, spec.name)
-        self.apply_device_classes()
+        if self.device_classes:
+            self.apply_device_classes()
         if self.with_controller:
             self.controller_skip_reason = controller_available()
             if not self.controller_skip_reason:
-                self.controller = Controller(self.work_dir, self.kubeconfig, self.control_plane.pki)
+                self.controller = Controller(self.work_dir, self.control_plane.internal_kubeconfig,
+                                             self.control_plane.pki, self.control_plane.enter(),
+                                             self.network.pid if self.network else None)
                 self.controller.start(kube)
         for spec in stand_ins:
             agent = NodeAgent(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, self.harness,
@@ -448,18 +517,34 @@ class Cluster:
             agent.start_kubelet()
         for agent in self.agents.values():
             agent.start_plugin()
-        real = [spec for spec in self.nodes if spec.real]
-        if real:
-            clean_stale_nodes()
-            bins = node_binaries()
-            for spec in real:
-                node = RealNode(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, bins, self.kubeconfig,
-                                spec.mig_strategy, taints=spec.taints)
+        for spec in self.nodes:
+            if spec.real:
+                node = self.real_node(spec)
                 if self.detached and self.control_plane is not None:
                     node.owner = self.control_plane.processes["apiserver"].pid
                 self.real_nodes[spec.name] = node
                 node.start()
         return self
+
+    def real_node(self, spec: NodeSpec) -> RealNode:
+        """A real node of this cluster (not started): its own namespaces on the cluster's network."""
+        if self.network is None or self.control_plane is None:
+            raise ClusterError(f"real node {spec.name} needs a started cluster with a private network "
+                               f"({private_network_unavailable() or 'this cluster was made without one'})")
+        return RealNode(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, node_binaries(),
+                        self.control_plane.internal_kubeconfig, spec.mig_strategy, taints=spec.taints,
+                        labels=spec.labels, network=self.network, ca_file=self.control_plane.ca_file,
+                        plugin_by_hand=spec.plugin_by_hand)
+
+    def _network(self) -> PrivateNetwork | None:
+        """The private network where this machine can make one (root), else None: the loopback."""
+        wanted = self.private_network if self.private_network is not None else not private_network_unavailable()
+        if not wanted:
+            return None
+        if any(spec.real for spec in self.nodes):
+            clean_stale_nodes()
+        # A detached cluster (the demo) outlives this process: `make demo-down` removes its network.
+        return PrivateNetwork(self.work_dir, owner=0 if self.detached else os.getpid()).start()
 
     def apply_device_classes(self) -> list[str]:
         """tessera's shipped DeviceClasses (deviceclasses/), or the basic class while there are none."""
@@ -475,6 +560,8 @@ class Cluster:
             procs.append(self.controller.process)
         for agent in self.agents.values():
             procs.extend(agent.logs())
+        if self.network and self.network.holder:
+            procs.append(self.network.holder)
         for node in self.real_nodes.values():
             procs.extend(node.logs())
         return procs
@@ -495,6 +582,8 @@ class Cluster:
             self.controller.stop()
         if self.control_plane:
             self.control_plane.stop()
+        if self.network:
+            self.network.stop()
 
 
 @contextlib.contextmanager

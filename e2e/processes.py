@@ -90,6 +90,8 @@ class ManagedProcess:
     scratch: list[Path] = field(default_factory=list)
     # Where it runs (default: the repository, so `python -m tessera` is this checkout's tessera).
     cwd: Path | None = None
+    # Descriptors the process inherits under the same numbers (a listening socket made by the caller).
+    pass_fds: tuple[int, ...] = ()
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,7 @@ class ManagedProcess:
             self.popen = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})}, start_new_session=True, cwd=self.cwd or REPO,
+                pass_fds=self.pass_fds,
             )
         _STARTED.append(self)
         return self

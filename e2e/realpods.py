@@ -9,6 +9,7 @@ view, after kubelet handed the CDI ids to containerd and the runtime applied tes
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def probe_pod(name: str, namespace: str, node: str, *, templates: dict[str, str]
     pod_claims += [{"name": n, "resourceClaimName": c} for n, c in (claims or {}).items()]
     names = [pc["name"] for pc in pod_claims]
     spec: Obj = {
-        "hostNetwork": True, "nodeSelector": {"kubernetes.io/hostname": node},
+        "nodeSelector": {"kubernetes.io/hostname": node},
         "containers": [probe_container(c, used) for c, used in (containers or {"probe": names}).items()],
         "resourceClaims": pod_claims, "terminationGracePeriodSeconds": 1, "enableServiceLinks": False,
         "automountServiceAccountToken": False,
@@ -134,3 +135,50 @@ def mps_daemons(node: RealNode) -> dict[str, Obj]:
     path = node.state_dir / "fake-mps.json"
     data: dict[str, Obj] = json.loads(path.read_text()) if path.exists() else {}
     return data
+
+
+KEEP = 3  # the first pods run through the whole upgrade; later ones are deleted again (short claims)
+
+
+class PodLoop:
+    """Creates pods one after another on `node`, each waited for until it runs and reports its devices
+    (claims from the namespace's ResourceClaimTemplate `share`): the load of an upgrade test."""
+
+    def __init__(self, kube: Kube, node: RealNode, namespace: str) -> None:
+        self.kube, self.node, self.namespace = kube, node, namespace
+        self.created: list[str] = []
+        self.running: list[str] = []
+        self.visible: dict[str, list[str]] = {}  # pod -> the GPUs its container saw
+        self.deleted: list[str] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="pod-loop", daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            name = f"p{i:03d}"
+            try:
+                self.kube.create(probe_pod(name, self.namespace, self.node.name, templates={"gpu": "share"}))
+                self.created.append(name)
+                started = wait_reported(self.kube, self.node, self.namespace, name, timeout=60)
+            except Exception as exc:
+                self.errors.append(f"{name}: {exc}")
+                return
+            self.visible[name] = started.views["probe"].visible
+            self.running.append(name)
+            if i - 2 >= KEEP:  # the pod before last goes away: its claim is unprepared meanwhile
+                old = f"p{i - 2:03d}"
+                self.kube.delete("Pod", old, self.namespace)
+                self.deleted.append(old)
+            i += 1
+
+    def wait_running(self, count: int, what: str) -> None:
+        wait_for(lambda: len(self.running) >= count or bool(self.errors), timeout=180, what=what)
+        assert not self.errors, self.errors
+
+
+def failed_prepares(kube: Kube, namespace: str) -> list[str]:
+    """Every FailedPrepareDynamicResources-like event in the namespace: what a user would see go wrong."""
+    return [f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
+            for e in kube.list("Event", namespace) if "Prepare" in e.get("reason", "")]

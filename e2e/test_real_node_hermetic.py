@@ -11,18 +11,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
-from e2e.cluster import Cluster
+from e2e.cluster import Cluster, NodeSpec
 from e2e.kube import Kube
+from e2e.network import PrivateNetwork
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, clean_stale_nodes, node_binaries
+from e2e.processes import wait_for
 from e2e.realpods import probe_pod, wait_reported
 from e2e.workloads import claim_spec, claim_template, delete_pods, request
 
 
-def _scratch_node(cluster: Cluster, real_a100: RealNode, owner: int | None = None) -> RealNode:
-    name = f"real-scratch-{uuid.uuid4().hex[:4]}"
-    node = RealNode(name, "t4-4", cluster.work_dir / "nodes" / name, real_a100.bins, cluster.kubeconfig)
+def _scratch_node(cluster: Cluster, owner: int | None = None) -> RealNode:
+    node = cluster.real_node(NodeSpec(f"real-scratch-{uuid.uuid4().hex[:4]}", "t4-4", real=True))
     if owner is not None:
         node.owner = owner
     return node
@@ -45,11 +47,11 @@ def _run_a_pod(kube: Kube, node: RealNode, namespace: str) -> None:
 
 
 def test_node_start_and_stop_leave_the_machine_untouched(
-    cluster: Cluster, real_a100: RealNode, namespace: str, machine_before: dict[str, list[str]]
+    cluster: Cluster, namespace: str, machine_before: dict[str, list[str]]
 ) -> None:
     node_binaries()  # built before the snapshot: the build cache is not the node's doing
     before = machine_snapshot()
-    node = _scratch_node(cluster, real_a100)
+    node = _scratch_node(cluster)
     try:
         node.start()
         during = machine_snapshot()
@@ -63,13 +65,13 @@ def test_node_start_and_stop_leave_the_machine_untouched(
 
 
 def test_an_interrupted_run_is_cleaned_up_by_the_next(
-    cluster: Cluster, real_a100: RealNode, namespace: str, machine_before: dict[str, list[str]]
+    cluster: Cluster, namespace: str, machine_before: dict[str, list[str]]
 ) -> None:
     before = machine_snapshot()
     # The node's owner is a run that has already gone away, as if `make test` had been killed.
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    node = _scratch_node(cluster, real_a100, owner=int(gone))
+    node = _scratch_node(cluster, owner=int(gone))
     try:
         node.start()
         _run_a_pod(cluster.kube, node, namespace)
@@ -83,3 +85,18 @@ def test_an_interrupted_run_is_cleaned_up_by_the_next(
         cluster.kube.delete("Pod", "probe", namespace, grace_seconds=0)
         cluster.kube.delete("Node", node.name)
 
+
+
+def test_an_interrupted_runs_network_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
+    """The control plane's network namespace of a run that was killed goes with the next run's clean-up."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    network = PrivateNetwork(tmp_path, owner=int(gone)).start()
+    try:
+        holder = network.holder
+        assert holder is not None and holder.alive()
+        cleaned = clean_stale_nodes()
+        assert str(tmp_path) in cleaned
+        wait_for(lambda: not holder.alive(), timeout=10, what="the stale network's holder to be gone")
+    finally:
+        network.stop()

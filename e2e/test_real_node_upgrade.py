@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 import uuid
 from datetime import datetime
@@ -21,48 +20,9 @@ from pathlib import Path
 from e2e.kube import Kube
 from e2e.node.podresources import list_dynamic_resources
 from e2e.node.realnode import RealNode
-from e2e.processes import ManagedProcess, wait_for
-from e2e.realpods import cdi_specs, probe_pod, wait_reported
+from e2e.processes import ManagedProcess
+from e2e.realpods import KEEP, PodLoop, cdi_specs, failed_prepares
 from e2e.workloads import claim_spec, claim_template, pod_claim_name, request, slices_of
-
-KEEP = 3  # the first pods run through the whole upgrade; later ones are deleted again (short claims)
-
-
-class PodLoop:
-    """Creates pods one after another, each waited for until it runs and reports its devices."""
-
-    def __init__(self, kube: Kube, node: RealNode, namespace: str) -> None:
-        self.kube, self.node, self.namespace = kube, node, namespace
-        self.created: list[str] = []
-        self.running: list[str] = []
-        self.visible: dict[str, list[str]] = {}  # pod -> the GPUs its container saw
-        self.deleted: list[str] = []
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="pod-loop", daemon=True)
-
-    def _run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            name = f"p{i:03d}"
-            try:
-                self.kube.create(probe_pod(name, self.namespace, self.node.name, templates={"gpu": "share"}))
-                self.created.append(name)
-                started = wait_reported(self.kube, self.node, self.namespace, name, timeout=60)
-            except Exception as exc:
-                self.errors.append(f"{name}: {exc}")
-                return
-            self.visible[name] = started.views["probe"].visible
-            self.running.append(name)
-            if i - 2 >= KEEP:  # the pod before last goes away: its claim is unprepared meanwhile
-                old = f"p{i - 2:03d}"
-                self.kube.delete("Pod", old, self.namespace)
-                self.deleted.append(old)
-            i += 1
-
-    def wait_running(self, count: int, what: str) -> None:
-        wait_for(lambda: len(self.running) >= count or bool(self.errors), timeout=180, what=what)
-        assert not self.errors, self.errors
 
 
 def _prepared_at(logs: list[Path]) -> list[tuple[float, str, str]]:
@@ -126,9 +86,7 @@ def test_surge_upgrade_keeps_every_prepare_and_every_running_pod(
         assert not loop.errors, loop.errors
 
         # every pod got its devices: no FailedPrepareDynamicResources, no pod left behind
-        failed = [f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
-                  for e in kube.list("Event", namespace) if "Prepare" in e.get("reason", "")]  # fmt: skip
-        assert failed == []
+        assert failed_prepares(kube, namespace) == []
         assert loop.created == loop.running
         assert all(len(loop.visible[name]) == 1 for name in loop.running), loop.visible
 

@@ -86,7 +86,11 @@ def pod(name: str, namespace: str, *, template: str | None = None, claim_name: s
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
+    """The namespace, once its `default` ServiceAccount exists: until the controller-manager has made
+    it, the ServiceAccount admission plugin refuses every pod there."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: kube.get_or_none("ServiceAccount", "default", name), timeout=30,
+             what=f"the default ServiceAccount of namespace {name}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,14 @@ export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0
 
 command -v go >/dev/null || { echo "build.sh: no 'go' on PATH; the e2e harness needs Go >= 1.26" >&2; exit 1; }
 
-hash="$(cd "$here" && LC_ALL=C ls go.mod go.sum *.go | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+# The build script is part of the key: its flags (the version stamp) change the binary too.
+hash="$(cd "$here" && LC_ALL=C ls build.sh go.mod go.sum *.go | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+# The control plane reports the Kubernetes release it is built from (helm checks a chart's kubeVersion
+# against it, kubectl version parses it); without the stamp it says v0.0.0-master+$Format:%H$.
+k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$here/go.mod")"
+[[ "$k8s_version" =~ ^v([0-9]+)\.([0-9]+)\. ]] || { echo "build.sh: cannot read the k8s.io/kubernetes version from go.mod" >&2; exit 1; }
+ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=${BASH_REMATCH[1]}"
+ldflags+=" -X k8s.io/component-base/version.gitMinor=${BASH_REMATCH[2]} -X k8s.io/component-base/version.gitTreeState=clean"
 out_dir="$TESSERA_CACHE/harness/$hash"
 bin="$out_dir/tessera-harness"
 
@@ -39,7 +46,7 @@ if [[ ! -x "$bin" ]]; then
     echo "build.sh: building tessera-harness ($hash) with $(go version | cut -d' ' -f3)..." >&2
     start=$(date +%s)
     # No -trimpath: the apiserver's packages locate fixtures through runtime.Caller paths.
-    (cd "$here" && go build -o "$bin.tmp" .) >&2
+    (cd "$here" && go build -ldflags "$ldflags" -o "$bin.tmp" .) >&2
     mv "$bin.tmp" "$bin"
     echo "build.sh: built in $(( $(date +%s) - start ))s -> $bin" >&2
   fi

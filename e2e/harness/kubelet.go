@@ -156,6 +156,7 @@ func (k *kubelet) run(ctx context.Context) int {
 		return 1
 	}
 	go wait.UntilWithContext(ctx, k.scanRegistry, 200*time.Millisecond)
+	go k.heartbeat(ctx)
 	go func() {
 		<-ctx.Done()
 		k.queue.ShutDown()

@@ -19,12 +19,13 @@ var roles = map[string]role{
 	"etcd":               {"embedded etcd server on 127.0.0.1", runEtcd},
 	"apiserver":          {"kube-apiserver (upstream command and flags)", runAPIServer},
 	"scheduler":          {"kube-scheduler (upstream command and flags)", runScheduler},
-	"controller-manager": {"kube-controller-manager limited to the ResourceClaim controller", runControllerManager},
+	"controller-manager": {"kube-controller-manager (upstream command and flags)", runControllerManager},
 	"kubectl":            {"kubectl built from k8s.io/kubectl", runKubectl},
 	"kubelet":            {"kubelet stand-in for one fake node: plugin registration, prepare/unprepare", runKubelet},
 	"cdi":                {"validate CDI spec dirs and inject devices into an OCI spec (CDI reference library)", runCDI},
 	"cel":                {"evaluate DRA CEL selectors on devices (the scheduler's CEL library): an oracle", runCEL},
 	"allocate":           {"run the scheduler's structured allocator on slices/classes/claims: an oracle", runAllocate},
+	"forward":            {"TCP forwarder from an inherited listening socket to an address in the caller's network", runForward},
 }
 
 func usage() {

@@ -1,8 +1,8 @@
 """What a node could leave on the machine, as one comparable snapshot.
 
 A real node must leave nothing behind: no entry in the machine's top-level directories, no mount,
-no cgroup, no iptables rule and no process. Tests take a snapshot before and after starting and
-stopping a node and compare.
+no cgroup, no iptables rule, no interface, address or route, and no process. Tests take a snapshot
+before and after starting and stopping a node and compare.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from e2e.node.realnode import CGROUP_PREFIX, OWNER_ENV, pid_alive
+from e2e.network import OWNER_ENV
+from e2e.node.realnode import CGROUP_PREFIX, pid_alive
 
 WATCHED_DIRS = ("/", "/opt", "/var/lib", "/var/log", "/etc/cni", "/run")
 NODE_PROCESSES = ("containerd", "containerd-shim", "containerd-shim-runc-v2", "kubelet", "runc", "pause")
@@ -65,6 +66,15 @@ def _iptables() -> list[str]:
     return [line for line in out.splitlines() if not line.startswith(("#", ":"))]
 
 
+def _host_network() -> list[str]:
+    """The machine's own interfaces, addresses and routes: the private network adds none of them."""
+    out = []
+    for argv in (["ip", "-o", "link"], ["ip", "-o", "addr"], ["ip", "route"], ["ip", "-6", "route"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        out += [f"{' '.join(argv[1:])}: {line.strip()}" for line in proc.stdout.splitlines() if line.strip()]
+    return out
+
+
 def _foreign_namespaces(others: set[int]) -> set[str]:
     """Mount namespaces of other runs' nodes (their holders carry the owner in their environment)."""
     out = set()
@@ -113,6 +123,7 @@ def machine_snapshot() -> dict[str, list[str]]:
     others = _others_live_owners()
     snap["cgroups"] = _cgroups(others)
     snap["iptables-save"] = _iptables()
+    snap["host network"] = _host_network() if shutil.which("ip") else ["<iproute2 not installed>"]
     snap["node processes"] = _node_processes(others)
     return snap
 

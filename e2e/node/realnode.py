@@ -27,12 +27,11 @@ from pathlib import Path
 
 import yaml
 
+from e2e.network import NETNS_ENV, OWNER_ENV, NodeLink, PrivateNetwork, http_get, kill_net_namespace
 from e2e.node.images import PAUSE_IMAGE, build_images, import_images
 from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
 
 DRIVER = "gpu.tessera.dev"
-# Set in the namespace holder's environment: "<pid of the run that owns it>:<node work dir>".
-OWNER_ENV = "TESSERA_E2E_NODE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "tessera-e2e-"
 # The node-side paths, exactly as the Helm chart's DaemonSet and a kubeadm node have them.
@@ -49,13 +48,29 @@ class RealNodeUnavailable(RuntimeError):
     """This machine cannot run a real node; the message says exactly why."""
 
 
+def _missing_tool(*tools: str) -> str:
+    for tool in tools:
+        if not any(os.access(Path(d) / tool, os.X_OK) for d in [*os.environ.get("PATH", "").split(":"), "/usr/sbin"]):
+            return tool
+    return ""
+
+
+def private_network_unavailable() -> str:
+    """Empty when the cluster can have its own network namespaces (e2e/network.py), else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    missing = _missing_tool("unshare", "nsenter", "ip", "sysctl")
+    return f"`{missing}` is not installed (util-linux, iproute2, procps)" if missing else ""
+
+
 def real_node_unavailable() -> str:
     """Empty when a real node can run here, else the reason (the demo falls back to the stand-in)."""
     if os.geteuid() != 0:
         return "a real node needs root (mount namespaces, runc, cgroups); run as root or use the kubelet stand-in"
-    for tool in ("unshare", "nsenter", "runc"):
-        if not any(os.access(Path(d) / tool, os.X_OK) for d in [*os.environ.get("PATH", "").split(":"), "/usr/sbin"]):
-            return f"`{tool}` is not installed (e2e/node/build.sh installs runc; unshare/nsenter are in util-linux)"
+    missing = _missing_tool("unshare", "nsenter", "runc", "ip", "sysctl")
+    if missing:
+        return f"`{missing}` is not installed (e2e/node/build.sh installs runc; unshare/nsenter are in util-linux, " \
+               "ip in iproute2, sysctl in procps)"
     with open("/proc/filesystems") as f:
         if "overlay" not in f.read():
             return "the kernel has no overlay filesystem, which containerd's snapshotter needs"
@@ -168,11 +183,13 @@ def clean_stale_nodes() -> list[str]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
+        hub = NETNS_ENV.encode() + b"=hub" in environ
         for var in environ:
             if var.startswith(OWNER_ENV.encode() + b"="):
                 owner, _, node_dir = var.split(b"=", 1)[1].decode().partition(":")
-                if owner.isdigit() and not pid_alive(int(owner)) and int(owner) != os.getpid():
-                    _kill_namespace(int(entry.name))
+                # Owner 0: a detached cluster (the demo), removed only by `make demo-down`.
+                if owner.isdigit() and int(owner) > 0 and not pid_alive(int(owner)) and int(owner) != os.getpid():
+                    (kill_net_namespace if hub else _kill_namespace)(int(entry.name))
                     cleaned.append(node_dir)
     pattern = re.compile(re.escape(CGROUP_PREFIX) + r"(\d+)-")
     for hierarchy in _cgroup_hierarchies():
@@ -199,6 +216,13 @@ class RealNode:
     kubeconfig: Path
     mig_strategy: str = "static"
     taints: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    plugin_by_hand: bool = True
+    # The cluster's private network (the node gets a namespace of its own on it) and the CA that
+    # signs the apiserver's client certificate: kubelet answers only the apiserver.
+    network: PrivateNetwork | None = None
+    ca_file: Path | None = None
+    link: NodeLink | None = None
     holder: ManagedProcess | None = None
     containerd: ManagedProcess | None = None
     kubelet: ManagedProcess | None = None
@@ -241,28 +265,46 @@ class RealNode:
         """The argv prefix that runs a command inside the node, with the node dir as working directory."""
         assert self.holder is not None, f"node {self.name} is not started"
         # A scratch working directory, never `/`: kubelet deletes some paths relative to its cwd.
-        return ["nsenter", f"--target={self.holder.pid}", "--mount", f"--wd={self.work_dir}", "--"]
+        return ["nsenter", f"--target={self.holder.pid}", "--mount", "--net", f"--wd={self.work_dir}", "--"]
 
     def ctr(self) -> list[str]:
         return [*self.enter(), str(self.bins / "ctr"), f"--address={CONTAINERD_SOCK}"]
 
     # ---- start
 
+    @property
+    def address(self) -> str:
+        """The node's InternalIP on the cluster's private network."""
+        assert self.link is not None, f"node {self.name} is not started"
+        return self.link.address
+
     def start(self, *, timeout: float = 120.0) -> RealNode:
+        if self.network is None or self.ca_file is None:
+            raise ClusterError(f"real node {self.name} needs the cluster's private network and CA")
         for sub in (*_BIND.values(), "cni", "etc"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.work_dir / "etc" / "hosts").write_text(f"127.0.0.1 localhost {self.name}\n::1 localhost\n")
+        (self.work_dir / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
         (self.work_dir / "etc" / "resolv.conf").write_text("# no name servers: nothing leaves this machine\n")
         self._make_cgroups()
         self._start_namespace()
+        self.link = self.network.attach(self.name, self.holder_pid)
+        # The node's own name, for anything inside that looks it up: never the machine's DNS.
+        hosts = f"127.0.0.1 localhost\n::1 localhost\n{self.address} {self.name}\n"
+        (self.work_dir / "etc" / "hosts").write_text(hosts)
         self._start_containerd(timeout)
         self.start_kubelet(timeout=timeout)
-        self.start_plugin(timeout=timeout)
+        if self.plugin_by_hand:
+            self.start_plugin(timeout=timeout)
         return self
 
     def _make_cgroups(self) -> None:
         for hierarchy in _cgroup_hierarchies():
             (hierarchy / self.cgroup_name).mkdir(exist_ok=True)
+
+    @property
+    def holder_pid(self) -> int:
+        assert self.holder is not None, f"node {self.name} is not started"
+        return self.holder.pid
 
     def _start_namespace(self) -> None:
         binds = " && ".join(f'mount -n --bind "$1/{sub}" {mount}' for mount, sub in _BIND.items())
@@ -271,8 +313,8 @@ class RealNode:
         ready = self.work_dir / "ns-ready"
         ready.unlink(missing_ok=True)
         self.holder = ManagedProcess(
-            f"ns-{self.name}", ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
-                                str(self.work_dir)],
+            f"ns-{self.name}", ["unshare", "--mount", "--net", "--propagation", "private", "--", "sh", "-c", script,
+                                "sh", str(self.work_dir)],
             self.work_dir / "logs" / "namespace.log", env={OWNER_ENV: f"{self.owner}:{self.work_dir}"}).start()
         holder = self.holder
         wait_for(lambda: holder.alive_and(ready.exists), timeout=20, what=f"the mount namespace of node {self.name}")
@@ -306,10 +348,15 @@ class RealNode:
         ])
         path = self.work_dir / "containerd.toml"
         path.write_text(config)
-        # Pods use the host network; a loopback-only network config makes the runtime report
-        # NetworkReady (so kubelet marks the node Ready) without touching the machine's interfaces.
-        (self.work_dir / "cni" / "10-loopback.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "tessera-e2e-loopback", "plugins": [{"type": "loopback"}]}))
+        # The pod network: a bridge in the node's own namespace, the node's pod range, routed (no NAT,
+        # so no iptables rule anywhere) to the other nodes and the control plane through the hub.
+        assert self.link is not None
+        (self.work_dir / "cni" / "10-pods.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "tessera-e2e-pods", "plugins": [{
+                "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.link.pod_cidr}]],
+                         "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "/var/lib/cni/networks"},
+            }]}))
         return path
 
     def _env(self) -> dict[str, str]:
@@ -327,16 +374,20 @@ class RealNode:
         import_images(self.ctr(), build_images(self.bins))
 
     def _kubelet_config(self) -> Path:
-        self.ports.setdefault("kubelet", free_port())
-        self.ports.setdefault("healthz", free_port())
+        # The node has a network namespace of its own: kubelet's usual ports clash with nothing.
+        self.ports.setdefault("kubelet", 10250)
+        self.ports.setdefault("healthz", 10248)
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "failCgroupV1": False, "failSwapOn": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True,
             "cgroupRoot": f"/{self.cgroup_name}", "enforceNodeAllocatable": [],
-            "address": "127.0.0.1", "port": self.ports["kubelet"], "readOnlyPort": 0,
+            "address": self.address, "port": self.ports["kubelet"], "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": self.ports["healthz"],
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-            "authorization": {"mode": "AlwaysAllow"},
+            # As kubeadm sets it up: the apiserver's client certificate or a token the apiserver
+            # vouches for, and every request authorized by the apiserver (SubjectAccessReview).
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.ca_file)}},
+            "authorization": {"mode": "Webhook"},
             "evictionHard": {k: "0%" for k in ("memory.available", "nodefs.available", "nodefs.inodesFree",
                                                 "imagefs.available", "imagefs.inodesFree")},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
@@ -353,22 +404,19 @@ class RealNode:
     def kubelet_argv(self) -> list[str]:
         return [*self.enter(), str(self.bins / "kubelet"), f"--config={self._kubelet_config()}",
                 f"--kubeconfig={self.kubeconfig}", f"--root-dir={KUBELET_DIR}", f"--cert-dir={KUBELET_DIR}/pki",
-                f"--hostname-override={self.name}", "-v=2",
-                *([f"--register-with-taints={','.join(self.taints)}"] if self.taints else [])]
+                f"--hostname-override={self.name}", f"--node-ip={self.address}", "-v=2",
+                *([f"--register-with-taints={','.join(self.taints)}"] if self.taints else []),
+                *([f"--node-labels={','.join(self.labels)}"] if self.labels else [])]
 
     def start_kubelet(self, *, timeout: float = 120.0) -> None:
         """Start (or restart) kubelet and wait until it reports the node Ready."""
         self.kubelet = ManagedProcess(f"kubelet-{self.name}", self.kubelet_argv(),
                                       self.work_dir / "logs" / "kubelet.log", env=self._env()).start()
         kubelet = self.kubelet
-        healthz = f"http://127.0.0.1:{self.ports['healthz']}/healthz"
 
         def healthy() -> bool:
-            import urllib.request
-
             kubelet.check_alive()
-            with urllib.request.urlopen(healthz, timeout=2) as resp:
-                return bool(resp.status == 200)
+            return http_get(self.holder_pid, "127.0.0.1", self.ports["healthz"], "/healthz", timeout=2)[0] == 200
 
         wait_for(healthy, timeout=timeout, interval=0.5,
                  what=f"kubelet of {self.name} /healthz (log {kubelet.log_path})")
