@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +25,11 @@ import structlog
 from driver import DRIVER_NAME
 from driver.errors import InvalidInputError, TesseraError
 from driver.health import HealthPolicy
-from driver.kubeapi import KubeAPI
+from driver.kubeapi import ApiError, KubeAPI
 from driver.model import Inventory
 from driver.nvmlevents import NvmlEventSource
 from driver.shutdown import restore_handlers, stop_on_signals
+from driver.slices import MIG_STRATEGIES
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer, remove_dead_sockets
 from kubeletplugin.health import (
@@ -41,6 +42,7 @@ from kubeletplugin.health import (
 from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor
 from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
+from kubeletplugin.nodelabels import settings_from_labels
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
 
 if TYPE_CHECKING:
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MIG_STRATEGIES = ("none", "static", "dynamic")
 SIMULATED_HEALTH_FILE = "simulated-health.json"
 HEALTH_CONDITIONS_FILE = "health-conditions.json"
 
@@ -78,14 +79,18 @@ class PluginConfig:
     # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
     instance_id: str = ""
     health_policy: HealthPolicy = field(default_factory=HealthPolicy)  # event class -> taint (driver.health)
+    # Node labels that choose this node's simulated profile / MIG strategy (kubeletplugin/nodelabels.py).
+    simulate_label: str = ""
+    mig_strategy_label: str = ""
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir, instance_id=self.instance_id))
         if not self.node_name:
             raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")
-        if self.simulate and self.nvml:
-            raise PluginConfigError("--simulate and --nvml exclude each other: pick one discovery backend")
+        if (self.simulate or self.simulate_label) and self.nvml:
+            raise PluginConfigError("--simulate (or --simulate-from-node-label) and --nvml exclude each other: "
+                                    "pick one discovery backend")
         if self.mig_strategy not in MIG_STRATEGIES:
             raise PluginConfigError(
                 f"--mig-strategy must be one of {', '.join(MIG_STRATEGIES)}, got {self.mig_strategy!r}"
@@ -370,6 +375,24 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
     )
 
 
+def with_node_labels(config: PluginConfig, api: KubeAPI) -> PluginConfig:
+    """`config` with the simulated profile and MIG strategy its Node's labels choose, where it names labels."""
+    if not (config.simulate_label or config.mig_strategy_label):
+        return config
+    try:
+        node = api.get_node(config.node_name)
+    except ApiError as exc:
+        raise PluginConfigError(
+            f"cannot read Node {config.node_name} for its labels (--simulate-from-node-label/"
+            f"--mig-strategy-from-node-label): {exc}; the plugin exits and is restarted") from exc
+    settings = settings_from_labels(node, simulate_label=config.simulate_label,
+                                    mig_strategy_label=config.mig_strategy_label, simulate=config.simulate,
+                                    mig_strategy=config.mig_strategy)
+    if (settings.simulate, settings.mig_strategy) != (config.simulate, config.mig_strategy):
+        log.info("settings from node labels", simulate=settings.simulate, mig_strategy=settings.mig_strategy)
+    return replace(config, simulate=settings.simulate, mig_strategy=settings.mig_strategy)
+
+
 def run_plugin(
     config: PluginConfig,
     *,
@@ -382,12 +405,6 @@ def run_plugin(
     from driver.kubeapi import RealKubeAPI
 
     stop = stop_event or threading.Event()
-    try:
-        inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
-        state = build_device_state(config, inventory)
-    except TesseraError as exc:  # discovery, driver root, unsafe directories: the text says what to fix
-        log.error("cannot start the kubelet plugin", error=str(exc))
-        return 1
     if api is None:
         try:
             api = RealKubeAPI(config.kubeconfig)
@@ -395,6 +412,13 @@ def run_plugin(
             where = config.kubeconfig or "in-cluster config or ~/.kube/config"
             log.error("cannot load Kubernetes client configuration", source=where, error=str(exc))
             return 1
+    try:
+        config = with_node_labels(config, api)
+        inventory = load_inventory(config.node_name, simulate=config.simulate, nvml=config.nvml)
+        state = build_device_state(config, inventory)
+    except TesseraError as exc:  # discovery, driver root, unsafe directories: the text says what to fix
+        log.error("cannot start the kubelet plugin", error=str(exc))
+        return 1
     plugin = KubeletPlugin(config, api, inventory, state)
     # Run in-process off the main thread (tests), the plugin stops through `stop_event` alone.
     previous = stop_on_signals(stop) if threading.current_thread() is threading.main_thread() else {}

@@ -16,6 +16,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated GPUs: a built-in profile name or a profile YAML path (default: dgx-h100-8)",
     )
     backend.add_argument("--nvml", action="store_true", help="discover the node's real GPUs through NVML")
+    parser.add_argument(
+        "--simulate-from-node-label", default="", metavar="KEY",
+        help="simulated GPUs whose profile is the value of this label on the node (--simulate: for nodes without it)",
+    )
+    parser.add_argument(
+        "--mig-strategy-from-node-label", default="", metavar="KEY",
+        help="where the node has this label, its value (none, static, dynamic) overrides --mig-strategy",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     parser.add_argument(
         "--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
@@ -90,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             instance_id=args.instance_id,
             health_policy=policy,
+            simulate_label=args.simulate_from_node_label,
+            mig_strategy_label=args.mig_strategy_from_node_label,
         )
     except PluginConfigError as exc:
         structlog.get_logger(__name__).error("invalid kubelet-plugin flags", error=str(exc))
