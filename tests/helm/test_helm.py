@@ -760,6 +760,8 @@ def test_workload_selectors_match_their_pod_labels_and_not_each_other(tools):
         (["extendedResources.nvidiaGpu=yes"], ["/extendedResources/nvidiaGpu"]),
         (["webhook.certificates.certManager.issuerRef.kind=ClusterIssuer"], ["issuerRef", "name"]),
         (["kubeletPlugin.privileged=maybe"], ["/kubeletPlugin/privileged"]),
+        (["kubeletPlugin.simulateFromNodeLabel=simulated profile"], ["/kubeletPlugin/simulateFromNodeLabel"]),
+        (["kubeletPlugin.migStrategyFromNodeLabel=/mig"], ["/kubeletPlugin/migStrategyFromNodeLabel"]),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(tools, sets, fragments):

@@ -45,8 +45,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- if kindIs "bool" .Values.kubeletPlugin.privileged }}
 {{- .Values.kubeletPlugin.privileged }}
 {{- else }}
-{{- empty .Values.kubeletPlugin.simulate }}
+{{- include "tessera.pluginNvml" . }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when the plugin discovers real GPUs through NVML: no simulated profile, neither for every
+node (simulate) nor per node from a label (simulateFromNodeLabel).
+*/}}
+{{- define "tessera.pluginNvml" -}}
+{{- and (empty .Values.kubeletPlugin.simulate) (empty .Values.kubeletPlugin.simulateFromNodeLabel) }}
 {{- end }}
 
 {{/*
