@@ -62,3 +62,20 @@ def test_the_image_is_the_locally_built_one(tools: ToolPaths) -> None:
     container = daemonset(render(tools, values=VALUES))["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].startswith("tessera.local/tessera:")
     assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_schema_keeps_a_removed_default_node_label_valid_on_upgrade() -> None:
+    """`helm upgrade --reuse-values` validates the stored user values again, and there the null that
+    removed the default nodeSelector key is still a null: the schema must accept it."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    schema = json.loads((REPO / "helm" / "tessera" / "values.schema.json").read_text())
+    user_values = yaml.safe_load(VALUES[0].read_text())
+    reused = {**user_values, "image": {**user_values["image"], "tag": "0.1.0-next"}}
+    validator = jsonschema.Draft7Validator(schema)
+    validator.validate(reused)
+    with pytest.raises(jsonschema.ValidationError, match="1 is not of type"):
+        validator.validate({"kubeletPlugin": {"nodeSelector": {"a": 1}}})
