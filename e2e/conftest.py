@@ -47,23 +47,26 @@ REAL_NODES = [] if REAL_NODE_SKIP else [
     NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True, taints=(REAL_NODE_TAINT,)),
 ]
 
-_state: dict[str, Cluster] = {}
+_state: dict[str, Any] = {}
 MACHINE_BEFORE: dict[str, list[str]] = {}
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
     del item
-    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and "cluster" in _state:
-        _state["failed"] = _state["cluster"]  # keep the work dir
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        _state["failed"] = True  # keep the work dir
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     outcome: Any = yield
-    if outcome.excinfo is not None and "cluster" in _state:
-        cluster = _state["cluster"]
-        item.add_report_section("call", "component logs", cluster.diagnostics())
-        item.add_report_section("call", "work dir", str(cluster.work_dir))
+    if outcome.excinfo is not None:
+        # the session's cluster, or the module's own one (a fixture named after it that holds a Cluster)
+        own = [v for v in getattr(item, "funcargs", {}).values() if isinstance(getattr(v, "cluster", None), Cluster)]
+        cluster = own[0].cluster if own else _state.get("cluster")
+        if isinstance(cluster, Cluster):
+            item.add_report_section("call", "component logs", cluster.diagnostics())
+            item.add_report_section("call", "work dir", str(cluster.work_dir))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -20,9 +20,24 @@ import signal
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
+from e2e.chart import NAMESPACE as CHART_NAMESPACE
+from e2e.chart import (
+    RELEASE,
+    Image,
+    build_image,
+    install,
+    install_args,
+    kubectl,
+    load_image,
+    simulated_node_labels,
+    tools,
+    wait_components_ready,
+)
 from e2e.cluster import DRIVER, Cluster, NodeSpec
 from e2e.kube import Kube, Obj
+from e2e.network import kill_net_namespace
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import kill_node, pid_alive, real_node_unavailable
 from e2e.processes import REPO, ClusterError, wait_for
@@ -68,11 +83,34 @@ EXAMPLES: list[tuple[str, str, Obj, str, list[str]]] = [
 
 
 def demo_nodes() -> tuple[list[NodeSpec], str]:
-    """Real nodes where this machine can run them, else the stand-in and the reason why not."""
+    """Real nodes where this machine can run them (tessera installed by the chart, each node's profile from
+    its labels), else the stand-in with tessera started by hand, and the reason why."""
     reason = real_node_unavailable()
     real = not reason
-    nodes = [NodeSpec(DGX, "dgx-h100-8", "dynamic", real=real), NodeSpec(A100, "a100-pcie-4", "static", real=real)]
+    nodes = [NodeSpec(name, profile, mig, real=real, labels=simulated_node_labels(profile, mig),
+                      plugin_by_hand=not real)
+             for name, profile, mig in ((DGX, "dgx-h100-8", "dynamic"), (A100, "a100-pcie-4", "static"))]
     return nodes, reason
+
+
+def _install_with_helm(cluster: Cluster, image: Image) -> str:
+    """Load the image into each node and install the chart as the README says; returns helm's output."""
+    for node in cluster.real_nodes.values():
+        load_image(node, image)
+    out = install(cluster.kubeconfig)
+    wait_components_ready(cluster.kube, list(cluster.real_nodes), controllers=1)
+    return out
+
+
+def _link_tools() -> Path:
+    """.demo/bin/{helm,kubectl}: the pinned versions, for the README's `export PATH=$PWD/.demo/bin:$PATH`."""
+    bin_dir = DEMO_DIR / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, path in (("helm", tools().helm), ("kubectl", tools().kubectl)):
+        link = bin_dir / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(path)
+    return bin_dir
 
 
 def down() -> int:
@@ -82,6 +120,8 @@ def down() -> int:
     pids = json.loads(PIDS.read_text())
     for node in pids.get("realNodes", []):
         kill_node(node["holder"], node["cgroup"])
+    if "network" in pids:
+        kill_net_namespace(pids["network"]["holder"])
     # Reverse start order: node agents first, the apiserver and etcd last.
     for entry in reversed(pids["processes"]):
         if pid_alive(entry["pid"]):
@@ -190,7 +230,14 @@ def up() -> int:
     else:
         MACHINE_BEFORE.write_text(json.dumps(machine_snapshot()))
     started = time.monotonic()
-    cluster = Cluster(DEMO_DIR / "cluster", nodes, detached=True)
+    real = not fallback
+    image = None
+    if real:
+        # Before the cluster: a failed build leaves nothing running; a cached one takes a second.
+        image = build_image()
+        _link_tools()
+        print(f"image {image.reference} ready in {time.monotonic() - started:.0f}s ({image.archive})")
+    cluster = Cluster(DEMO_DIR / "cluster", nodes, detached=True, with_controller=not real, device_classes=not real)
     try:
         cluster.start()
     except (ClusterError, OSError) as exc:
@@ -205,13 +252,25 @@ def up() -> int:
         "processes": [{"name": p.name, "pid": p.pid} for p in cluster.processes()],
         "realNodes": [{"name": n.name, "holder": n.holder.pid, "cgroup": n.cgroup_name}
                       for n in cluster.real_nodes.values() if n.holder is not None],
+        **({"network": {"holder": cluster.network.pid}} if cluster.network else {}),
         "cleanup": cleanup,
     }, indent=1))
     kind = "real kubelet v1.36.3 + containerd" if cluster.real_nodes else "kubelet stand-in"
-    print(f"control plane and {len(nodes)} nodes ({kind}) up in {time.monotonic() - started:.0f}s "
-          f"(controller: {'on' if cluster.controller else 'off: ' + cluster.controller_skip_reason})")
-
+    print(f"control plane and {len(nodes)} nodes ({kind}) up in {time.monotonic() - started:.0f}s")
     kube = cluster.kube
+    if image is not None:
+        try:
+            _install_with_helm(cluster, image)
+        except ClusterError as exc:
+            print(f"demo: installing tessera with helm failed: {exc}\n{cluster.diagnostics(20)}\n"
+                  "the cluster keeps running for a look; `make demo-down` stops it", file=sys.stderr)
+            return 1
+        print(f"tessera installed by its chart in {time.monotonic() - started:.0f}s: "
+              f"helm {' '.join(install_args())}")
+    else:
+        controller = "on" if cluster.controller else "off: " + cluster.controller_skip_reason
+        print(f"tessera started by hand (controller: {controller})")
+
     ensure_namespace(kube, NAMESPACE)
     memory_of = {}
     for node in nodes:
@@ -225,11 +284,21 @@ def up() -> int:
     print(_table(rows, last="SEEN INSIDE THE CONTAINER" if cluster.real_nodes else "CDI IDS"))
     for f in failures:
         print(f"\nNOT RUNNING: {f}")
-    kubectl = _kubectl_hint()
-    print(f"\nThe demo keeps running ({time.monotonic() - started:.0f}s to this table); "
-          f"kubeconfig: {cluster.kubeconfig}")
-    print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get nodes -o wide")
-    print(f"  {kubectl} --kubeconfig {cluster.kubeconfig} get resourceslices,resourceclaims -A")
+    elapsed = time.monotonic() - started
+    if image is not None:
+        pods = kubectl(cluster.kubeconfig, "get", "pods", "-n", CHART_NAMESPACE, "-o", "wide")
+        print(f"\ntessera's own components are pods of the chart's DaemonSet and Deployment "
+              f"(kubectl get pods -n {CHART_NAMESPACE} -o wide):\n{pods.stdout.rstrip() or pods.stderr.rstrip()}")
+        print(f"\nThe demo keeps running ({elapsed:.0f}s to this table). To look around, as in the README's tour:")
+        print(f"  export PATH={DEMO_DIR / 'bin'}:$PATH KUBECONFIG={cluster.kubeconfig}")
+        print(f"  kubectl logs -n {NAMESPACE} whole-gpu            # what the container saw")
+        print(f"  helm status {RELEASE} -n {CHART_NAMESPACE}")
+        print("  kubectl get nodes -o wide; kubectl get resourceslices,resourceclaims -A")
+    else:
+        kubectl_bin = _kubectl_hint()
+        print(f"\nThe demo keeps running ({elapsed:.0f}s to this table); kubeconfig: {cluster.kubeconfig}")
+        print(f"  {kubectl_bin} --kubeconfig {cluster.kubeconfig} get nodes -o wide")
+        print(f"  {kubectl_bin} --kubeconfig {cluster.kubeconfig} get resourceslices,resourceclaims -A")
     state_dirs = [n.state_dir for n in cluster.real_nodes.values()] + [a.state_dir for a in cluster.agents.values()]
     if state_dirs:
         print(f"  GPU health (docs/health.md): {sys.executable} -m tessera inject-health-event "

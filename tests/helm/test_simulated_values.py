@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from hack.k8stools import RegistryUnreachable, ToolPaths, UnsupportedPlatform, ensure_tools
 from tests.builders.helm import render
@@ -40,11 +41,18 @@ def test_each_node_takes_its_profile_and_mig_strategy_from_its_labels(tools: Too
     assert "--nvml" not in args and not any(a.startswith("--simulate=") for a in args)
 
 
-def test_the_plugin_runs_on_the_nodes_that_name_a_profile_and_nowhere_else(tools: ToolPaths) -> None:
+def test_the_plugin_runs_on_gpu_nodes_by_the_label_simulated_nodes_carry_too(tools: ToolPaths) -> None:
+    """No null is needed to clear the default nodeSelector: nulls do not survive --reuse-values."""
     spec = daemonset(render(tools, values=VALUES))["spec"]["template"]["spec"]
-    assert "nodeSelector" not in spec  # GPU feature discovery's label is cleared
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": PROFILE_LABEL, "operator": "Exists"}]}]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "affinity" not in spec
+    assert None not in _leaves(yaml.safe_load(VALUES[0].read_text()))
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    return [value]
 
 
 def test_simulated_nodes_need_no_privilege_or_host_driver(tools: ToolPaths) -> None:
@@ -65,17 +73,14 @@ def test_the_image_is_the_locally_built_one(tools: ToolPaths) -> None:
 
 
 def test_the_schema_keeps_a_removed_default_node_label_valid_on_upgrade() -> None:
-    """`helm upgrade --reuse-values` validates the stored user values again, and there the null that
-    removed the default nodeSelector key is still a null: the schema must accept it."""
+    """`helm upgrade --reuse-values` validates the stored user values again: a null that removed a default
+    nodeSelector key at install (the way values.yaml documents) must not fail the schema then."""
     import json
 
     import jsonschema
-    import yaml
 
     schema = json.loads((REPO / "helm" / "tessera" / "values.schema.json").read_text())
-    user_values = yaml.safe_load(VALUES[0].read_text())
-    reused = {**user_values, "image": {**user_values["image"], "tag": "0.1.0-next"}}
     validator = jsonschema.Draft7Validator(schema)
-    validator.validate(reused)
+    validator.validate({"kubeletPlugin": {"nodeSelector": {"nvidia.com/gpu.present": None}}})
     with pytest.raises(jsonschema.ValidationError, match="1 is not of type"):
         validator.validate({"kubeletPlugin": {"nodeSelector": {"a": 1}}})
