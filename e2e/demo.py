@@ -1,12 +1,15 @@
-"""`make demo`: a local control plane with two simulated GPU nodes running tessera, and example claims.
+"""`make demo`: a local control plane with two simulated GPU nodes, tessera installed by its chart, example claims.
 
     python -m e2e.demo up     # start (building the harness and node components if needed), run examples
     python -m e2e.demo down   # stop everything started by `up`, and check the machine is as it was
 
 State lives under ./.demo/ (kubeconfig, logs, CDI specs, the pids of the detached processes).
 Nodes: `demo-dgx` (dgx-h100-8, dynamic MIG) and `demo-a100` (a100-pcie-4, static), each a real
-kubelet v1.36.3 + containerd 2 node (e2e/node) whose containers print what they were given. Where a
-real node cannot run (not root, no overlayfs), the demo says why and uses the kubelet stand-in.
+kubelet v1.36.3 + containerd 2 node (e2e/node) in its own network namespace (e2e/network.py), whose
+containers print what they were given. tessera's image is built (`make image`), loaded into both
+nodes and installed with `helm upgrade --install ... -f helm/values-simulated.yaml`, as the README
+says. Where a real node cannot run (not root, no overlayfs), the demo says why, uses the kubelet
+stand-in and starts tessera's processes by hand.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ def down() -> int:
             print("the machine differs from before the demo:\n  " + "\n  ".join(left))
             return 1
         print("the machine is as it was before `make demo` (/, /opt, /var/lib, /var/log, /etc/cni, /run, "
-              "mounts, cgroups, iptables, node processes)")
+              "mounts, cgroups, iptables, interfaces, addresses, routes, node processes)")
     return 0
 
 

@@ -35,6 +35,7 @@ from e2e.chart import (
     load_image,
     ready,
     simulated_node_labels,
+    tools,
     wait_components_ready,
 )
 from e2e.cluster import Cluster, NodeSpec, running_cluster
@@ -42,7 +43,7 @@ from e2e.conftest import REAL_NODE_SKIP
 from e2e.kube import Kube, KubeError, Obj
 from e2e.network import HUB_ADDRESS, NODE_NETWORK, POD_NETWORK, connections, off_machine
 from e2e.node.images import WORKLOAD_IMAGE
-from e2e.processes import wait_for
+from e2e.processes import REPO, wait_for
 from e2e.realpods import PodLoop, failed_prepares, probe_pod, wait_reported
 from e2e.workloads import claim_spec, claim_template, ensure_namespace, request, slices_of, spread_config
 
@@ -193,8 +194,6 @@ def test_no_connection_of_the_run_leaves_the_machine(installed: Installed) -> No
 
 @contextlib.contextmanager
 def kubectl_follow(kubeconfig: Path, namespace: str, pod: str) -> Iterator[None]:
-    from e2e.chart import tools
-
     proc = subprocess.Popen([str(tools().kubectl), f"--kubeconfig={kubeconfig}", "logs", "-f", "-n", namespace, pod],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -204,6 +203,31 @@ def kubectl_follow(kubeconfig: Path, namespace: str, pod: str) -> Iterator[None]
     finally:
         proc.kill()
         proc.wait()
+
+
+def readme_tour_commands() -> list[str]:
+    """Every `$ kubectl ...` and `$ helm ...` line of the README's tour."""
+    text = (REPO / "README.md").read_text()
+    tour = text[text.index("## A 5-minute tour"):text.index("## Layout")]
+    return [line[2:].strip() for line in tour.splitlines() if line.startswith(("$ kubectl ", "$ helm "))]
+
+
+def test_the_readmes_helm_and_kubectl_lines_work_verbatim(installed: Installed) -> None:
+    kube, cluster = installed.kube, installed.cluster
+    commands = readme_tour_commands()
+    assert len(commands) >= 6 and any(c.startswith("helm upgrade --install") for c in commands), commands
+    # what the demo has that the tour names: its namespace and the whole-GPU pod
+    ensure_namespace(kube, "demo")
+    kube.create(claim_template("whole-gpu", "demo", claim_spec(request())))
+    kube.create(probe_pod("whole-gpu", "demo", DGX, templates={"gpu": "whole-gpu"}))
+    wait_reported(kube, cluster.real_nodes[DGX], "demo", "whole-gpu")
+    env = {**os.environ, "KUBECONFIG": str(installed.kubeconfig),
+           "PATH": f"{tools().helm.parent}:{os.environ.get('PATH', '')}"}
+    for command in commands:
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, env=env,
+                              cwd=REPO, check=False)
+        assert proc.returncode == 0, f"README: `{command}` failed (rc {proc.returncode}):\n{proc.stderr}"
+    wait_components_ready(kube, [DGX, A100], controllers=2)
 
 
 # ---------------------------------------------------------------------------------------------

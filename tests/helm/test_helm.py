@@ -28,7 +28,10 @@ PLUGIN_SA = f"system:serviceaccount:{NAMESPACE}:tessera-kubelet-plugin"
 # Every values combination docs/operations.md documents; each must lint and render.
 DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     "defaults (real GPUs through NVML)": [],
-    "simulated demo cluster": ["kubeletPlugin.simulate=dgx-h100-8", "kubeletPlugin.nodeSelector=null"],
+    "simulated demo cluster": ["kubeletPlugin.simulate=dgx-h100-8"],
+    "simulated nodes of several machines": ["kubeletPlugin.simulateFromNodeLabel=gpu.tessera.dev/simulated-profile",
+                                            "kubeletPlugin.migStrategyFromNodeLabel=gpu.tessera.dev/mig-strategy"],
+    "MIG strategy per node": ["kubeletPlugin.migStrategyFromNodeLabel=gpu.tessera.dev/mig-strategy"],
     "GPU Operator driver root": ["kubeletPlugin.driverRoot=/run/nvidia/driver"],
     "dynamic MIG": ["kubeletPlugin.migStrategy=dynamic"],
     "MIG off": ["kubeletPlugin.migStrategy=none"],
