@@ -18,9 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from e2e.kube import Kube, Obj
 from e2e.node.realnode import RealNode
+
+if TYPE_CHECKING:
+    from e2e.cluster import Cluster
 from e2e.processes import REPO, ClusterError, wait_for
 
 RELEASE = "tessera"
@@ -144,3 +148,16 @@ def wait_components_ready(kube: Kube, nodes: Sequence[str], *, controllers: int 
 
     wait_for(all_ready, timeout=timeout, interval=1,
              what=f"tessera's plugin pods on {', '.join(nodes)} and {controllers} controller pod(s) to be Ready")
+
+
+def install_into(cluster: Cluster, image: Image, *sets: str, controllers: int = 2) -> str:
+    """Load the image into the cluster's real nodes and install the chart as the README says; wait until
+    a plugin pod runs on every real node that names a simulated profile and `controllers` replicas serve.
+    Returns helm's output (NOTES included)."""
+    for node in cluster.real_nodes.values():
+        load_image(node, image)
+    output = install(cluster.kubeconfig, *sets)
+    chart_nodes = [n.name for n in cluster.real_nodes.values()
+                   if any(label.startswith(f"{SIMULATED_PROFILE_LABEL}=") for label in n.labels)]
+    wait_components_ready(cluster.kube, chart_nodes, controllers=controllers)
+    return output

@@ -474,6 +474,8 @@ class Cluster:
     real_nodes: dict[str, RealNode] = field(default_factory=dict)
     controller: Controller | None = None
     controller_skip_reason: str = ""
+    # Who serves the admission webhooks: "" (nobody), the hand-started controller, or the chart's.
+    webhook: str = ""
     # Real nodes that outlive this process (the demo) are owned by the apiserver: stale once it is gone.
     detached: bool = False
     # tessera's DeviceClasses applied from deviceclasses/ (False: the chart brings its own).
@@ -509,6 +511,7 @@ class Cluster:
                                              self.control_plane.pki, self.control_plane.enter(),
                                              self.network.pid if self.network else None)
                 self.controller.start(kube)
+                self.webhook = "tessera controller started by hand"
         for spec in stand_ins:
             agent = NodeAgent(spec.name, spec.profile, self.work_dir / "nodes" / spec.name, self.harness,
                               self.kubeconfig, spec.mig_strategy)

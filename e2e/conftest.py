@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from e2e.chart import build_image, install_into, simulated_node_labels
 from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
 from e2e.kube import Kube
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, real_node_unavailable
 from e2e.processes import REPO, stop_leftovers
-from e2e.realpods import REAL_NODE_TAINT
+from e2e.realpods import REAL_NODE_TAINT, REAL_NODE_TAINT_KEY
 from e2e.workloads import delete_pods, ensure_namespace
 
 DGX = "e2e-dgx"
@@ -40,12 +41,27 @@ REAL_A100 = "real-a100"
 REAL_DGX = "real-dgx"
 REAL_NODE_SKIP = real_node_unavailable()
 # Tainted so that the stand-in scenarios' unpinned pods (which never start a container) stay off
-# them; the real-node probe pods tolerate it (e2e/realpods.py).
+# them; the real-node probe pods tolerate it (e2e/realpods.py). Where real nodes run, tessera is
+# installed with its chart: the webhook is the chart's Deployment (on the real nodes) behind its
+# Service, and real-dgx's plugin the chart's DaemonSet pod. real-a100's plugin is started by hand,
+# because its tests crash, restart and replace it at fault points (restarts, rollback to the previous
+# build, surge instances, health replay).
+REAL_LABEL = "e2e.tessera.dev/node-kind=real"
 REAL_NODES = [] if REAL_NODE_SKIP else [
-    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True, taints=(REAL_NODE_TAINT,)),
+    NodeSpec(REAL_A100, "a100-pcie-4", "static", real=True, taints=(REAL_NODE_TAINT,), labels=(REAL_LABEL,)),
     # Dynamic MIG: whole GPUs and MIG instances made at prepare, on one kind of node.
-    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True, taints=(REAL_NODE_TAINT,)),
+    NodeSpec(REAL_DGX, "dgx-h100-8", "dynamic", real=True, taints=(REAL_NODE_TAINT,),
+             labels=(REAL_LABEL, *simulated_node_labels("dgx-h100-8", "dynamic")), plugin_by_hand=False),
 ]
+# The chart's pods run on the tainted real nodes (the controller nowhere else: a stand-in node would
+# only pretend to run it); the webhook gets the hand-started one's timeout, since reviews on this
+# 2-core machine wait behind the whole suite.
+CHART_SETS = (
+    "controller.nodeSelector.e2e\\.tessera\\.dev/node-kind=real",  # helm --set escapes the dots of a key
+    f"controller.tolerations[0].key={REAL_NODE_TAINT_KEY}", "controller.tolerations[0].operator=Exists",
+    f"kubeletPlugin.tolerations[0].key={REAL_NODE_TAINT_KEY}", "kubeletPlugin.tolerations[0].operator=Exists",
+    "webhook.timeoutSeconds=10",
+)
 
 _state: dict[str, Any] = {}
 MACHINE_BEFORE: dict[str, list[str]] = {}
@@ -89,15 +105,21 @@ def work_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def cluster(work_dir: Path) -> Iterator[Cluster]:
-    """The control plane, tessera's DeviceClasses and controller, and the three fake GPU nodes."""
+    """The control plane, tessera's DeviceClasses and webhook, the three stand-in nodes and the real ones."""
     reason = plugin_available()
     nodes = NODES + REAL_NODES if not reason else []
-    c = Cluster(work_dir / "cluster", nodes)
+    chart = bool(REAL_NODES) and not reason
+    # Built before the snapshot: the image cache is not the nodes' doing.
+    image = build_image() if chart else None
+    c = Cluster(work_dir / "cluster", nodes, with_controller=not chart, device_classes=not chart)
     _state["cluster"] = c
     # Taken before any real node starts: what the machine must look like again once they are gone.
     MACHINE_BEFORE.update(machine_snapshot())
     try:
         c.start()
+        if image is not None:
+            install_into(c, image, *CHART_SETS)
+            c.webhook = "the chart's Deployment"
     except Exception:
         print(c.diagnostics(60))
         c.stop()
@@ -175,6 +197,6 @@ def namespace(kube: Kube, cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture
 def controller(cluster: Cluster) -> Cluster:
-    if cluster.controller is None:
+    if not cluster.webhook:
         pytest.skip(cluster.controller_skip_reason or "tessera controller was not started")
     return cluster

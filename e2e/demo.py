@@ -28,15 +28,12 @@ from pathlib import Path
 from e2e.chart import NAMESPACE as CHART_NAMESPACE
 from e2e.chart import (
     RELEASE,
-    Image,
     build_image,
-    install,
     install_args,
+    install_into,
     kubectl,
-    load_image,
     simulated_node_labels,
     tools,
-    wait_components_ready,
 )
 from e2e.cluster import DRIVER, Cluster, NodeSpec
 from e2e.kube import Kube, Obj
@@ -94,15 +91,6 @@ def demo_nodes() -> tuple[list[NodeSpec], str]:
                       plugin_by_hand=not real)
              for name, profile, mig in ((DGX, "dgx-h100-8", "dynamic"), (A100, "a100-pcie-4", "static"))]
     return nodes, reason
-
-
-def _install_with_helm(cluster: Cluster, image: Image) -> str:
-    """Load the image into each node and install the chart as the README says; returns helm's output."""
-    for node in cluster.real_nodes.values():
-        load_image(node, image)
-    out = install(cluster.kubeconfig)
-    wait_components_ready(cluster.kube, list(cluster.real_nodes), controllers=1)
-    return out
 
 
 def _link_tools() -> Path:
@@ -263,7 +251,7 @@ def up() -> int:
     kube = cluster.kube
     if image is not None:
         try:
-            _install_with_helm(cluster, image)
+            install_into(cluster, image)
         except ClusterError as exc:
             print(f"demo: installing tessera with helm failed: {exc}\n{cluster.diagnostics(20)}\n"
                   "the cluster keeps running for a look; `make demo-down` stops it", file=sys.stderr)

@@ -31,6 +31,7 @@ from e2e.chart import (
     build_image,
     helm,
     install,
+    install_into,
     kubectl,
     load_image,
     ready,
@@ -73,11 +74,7 @@ class Installed:
 def installed(work_dir: Path) -> Iterator[Installed]:
     image = build_image()
     with running_cluster(work_dir / "chart", NODES, with_controller=False, device_classes=False) as cluster:
-        for node in cluster.real_nodes.values():
-            load_image(node, image)
-        output = install(cluster.kubeconfig)
-        wait_components_ready(cluster.kube, [DGX, A100], controllers=2)
-        yield Installed(cluster, image, output)
+        yield Installed(cluster, image, install_into(cluster, image))
 
 
 def pods(kube: Kube, selector: str) -> list[Obj]:

@@ -15,7 +15,10 @@ import pytest
 from e2e.cluster import Cluster
 from e2e.processes import REPO
 
-NAMESPACE = "tessera-system"
+# Not the session's release and namespace: where real nodes run, tessera itself is installed by the chart
+# as `tessera` in tessera-system, and a dry run over it would merge into the installed objects.
+NAMESPACE = "tessera-dryrun"
+RELEASE = "dryrun-tessera"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def test_rendered_chart_is_accepted_by_the_apiserver(cluster: Cluster, tools: An
 
     ensure_namespace(cluster.kube, NAMESPACE)
     helm, kubectl = str(tools.helm), str(tools.kubectl)
-    render = subprocess.run([helm, "template", "tessera", str(REPO / "helm" / "tessera"), "--namespace", NAMESPACE,
+    render = subprocess.run([helm, "template", RELEASE, str(REPO / "helm" / "tessera"), "--namespace", NAMESPACE,
                              *sets], capture_output=True, text=True, timeout=120, check=False)
     assert render.returncode == 0, render.stderr
     applied = subprocess.run([kubectl, f"--kubeconfig={cluster.kubeconfig}", "apply", "--dry-run=server",

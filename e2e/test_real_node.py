@@ -63,8 +63,7 @@ def _attr(attributes: Obj, name: str) -> object:
 
 
 def _prepares(node: RealNode, claim_uid: str) -> int:
-    assert node.plugin is not None
-    text = node.plugin.log_path.read_text(errors="replace")
+    text = node.plugin_log()
     return sum(1 for line in text.splitlines() if claim_uid in line and '"claim prepared"' in line)
 
 

@@ -23,7 +23,8 @@ from e2e.cluster import Cluster, NodeAgent
 from e2e.kube import Kube, KubeError
 
 NAMESPACE = "tessera-vap"
-RELEASE = "tessera"
+# Not the session's release: where real nodes run, tessera itself is installed by the chart as `tessera`.
+RELEASE = "tessera-vap"
 DRIVER = "gpu.tessera.dev"
 RBAC_PATHS = {
     "ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",

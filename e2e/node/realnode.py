@@ -34,6 +34,8 @@ from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_fo
 DRIVER = "gpu.tessera.dev"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "tessera-e2e-"
+# cpu.shares of a node's cgroup (1024 is one process's): see RealNode._make_cgroups.
+NODE_CPU_SHARES = 4096
 # The node-side paths, exactly as the Helm chart's DaemonSet and a kubeadm node have them.
 KUBELET_DIR = "/var/lib/kubelet"
 CDI_DIR = "/var/run/cdi"
@@ -299,7 +301,14 @@ class RealNode:
 
     def _make_cgroups(self) -> None:
         for hierarchy in _cgroup_hierarchies():
-            (hierarchy / self.cgroup_name).mkdir(exist_ok=True)
+            node = hierarchy / self.cgroup_name
+            node.mkdir(exist_ok=True)
+            # All of a node's pods share this one group. At the default weight, the group counts as a
+            # single busy process of the machine, and a loaded machine starves the webhook and plugin
+            # pods behind it; a real node has its CPUs to itself, so give the group the weight of several.
+            for knob, weight in (("cpu.shares", NODE_CPU_SHARES), ("cpu.weight", NODE_CPU_SHARES * 100 // 1024)):
+                with contextlib.suppress(FileNotFoundError):
+                    (node / knob).write_text(str(weight))
 
     @property
     def holder_pid(self) -> int:
@@ -474,6 +483,19 @@ class RealNode:
                 parts = line.split(" ", 3)
                 lines.append(parts[3] if len(parts) == 4 else line)
         return "\n".join(lines)
+
+    def plugin_log(self) -> str:
+        """Everything tessera's plugin logged on this node: the hand-started process's log file, and the
+        container logs of the chart's DaemonSet pods (oldest pod first)."""
+        parts = []
+        if self.plugin is not None and self.plugin.log_path.exists():
+            parts.append(self.plugin.log_path.read_text(errors="replace"))
+        pods = sorted(self.pod_logs_dir.glob("*_*-kubelet-plugin-*_*/plugin"), key=lambda d: d.stat().st_mtime)
+        for container in pods:
+            for path in sorted(container.glob("*.log")):
+                parts += [line.split(" ", 3)[3] if line.count(" ") >= 3 else line
+                          for line in path.read_text(errors="replace").splitlines()]
+        return "\n".join(parts)
 
     def running_containers(self) -> list[str]:
         proc = subprocess.run([*self.ctr(), "-n", "k8s.io", "tasks", "ls", "-q"], capture_output=True, text=True,
