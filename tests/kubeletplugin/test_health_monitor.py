@@ -15,7 +15,8 @@ import pytest
 from driver.discovery import load_inventory
 from driver.health import EventClass, HealthEvent, HealthPolicy, taint_time
 from kubeletplugin.health import Health, HealthBoard, device_names_from_slices
-from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor, append_event
+from kubeletplugin.healthlog import EVENT_LOG_FILE, EventLogSource, append_event, write_gpu_indexes
+from kubeletplugin.healthmonitor import HealthMonitor
 from kubeletplugin.metrics import PluginMetrics
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
@@ -186,12 +187,13 @@ def test_the_first_slices_after_a_restart_already_carry_the_taints(plugin: Any) 
 def test_inject_cli_appends_events_the_log_source_reads(tmp_path: Path) -> None:
     from tessera.cli import main
 
+    h = Harness()
+    write_gpu_indexes(tmp_path, h.monitor.gpu_indexes)  # what the running agent records
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid", "--xid", "79",
                  "--message", "fell off"]) == 0
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid"]) == 2
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "3", "--event", "nvlink-down",
                  "--link", "2"]) == 0
-    h = Harness()
     EventLogSource(tmp_path / EVENT_LOG_FILE, h.monitor).poll()
     taints = taints_of(h.published[-1])
     assert taints["gpu-3"][0]["value"] == "link-2"

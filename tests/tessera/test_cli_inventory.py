@@ -140,7 +140,7 @@ def test_publish_runs_until_sigterm_and_cleans_up_when_asked(fake: FakeKubeAPI,
 
 
 def test_injected_health_events_show_as_taints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from kubeletplugin.healthmonitor import append_event
+    from kubeletplugin.healthlog import append_event
 
     log = tmp_path / "health-events.jsonl"
     append_event(log, {"gpu": 1, "event": "gpu-lost", "time": 1_790_000_000})
