@@ -283,7 +283,7 @@ class EventLogSource:
 def write_gpu_indexes(state_dir: Path, indexes: Iterable[int]) -> None:
     """Record the GPU indexes this node's agent accepts events for (read by `inject-health-event`)."""
     try:
-        write_atomic(state_dir / GPUS_FILE, (json.dumps({"gpus": sorted(indexes)}) + "\n").encode(), 0o644,
+        write_atomic(state_dir / GPUS_FILE, (json.dumps({"gpus": sorted(indexes)}) + "\n").encode(), 0o600,
                      durable=False)
     except OSError as exc:  # only the injection command's check needs it
         log.warning("cannot record the node's GPU indexes", path=str(state_dir / GPUS_FILE), error=str(exc))

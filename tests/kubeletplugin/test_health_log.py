@@ -22,7 +22,7 @@ from kubeletplugin.healthlog import (
     append_event,
     write_gpu_indexes,
 )
-from tests.kubeletplugin.test_health_monitor import T0, Harness, taints_of
+from tests.builders.health import T0, Harness, taints_of
 
 ROOT = os.geteuid() == 0
 

@@ -14,12 +14,11 @@ import pytest
 from driver.health import EventClass, HealthEvent, HealthPolicy
 from kubeletplugin.healthlog import EVENT_LOG_FILE, append_event
 from kubeletplugin.healthmonitor import HealthMonitor
+from tests.builders.health import T0, Harness, nvml_plugin, stored_taints, taints_of, wait_until
 from tests.builders.plugin import make_config
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient
 from tests.fakes.nvml import dgx_h100_node
-from tests.kubeletplugin.test_health_monitor import T0, Harness, taints_of
-from tests.kubeletplugin.test_health_saved import nvml_plugin, stored_taints, wait_until
 
 ECC = "gpu.tessera.dev/ecc-double-bit"
 LOST = "gpu.tessera.dev/gpu-lost"

@@ -8,11 +8,10 @@ apiserver stand-in).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +20,22 @@ import structlog
 
 from driver.health import EventClass
 from kubeletplugin.healthmonitor import HealthMonitor
-from kubeletplugin.plugin import HEALTH_CONDITIONS_FILE, KubeletPlugin
+from kubeletplugin.plugin import HEALTH_CONDITIONS_FILE
+from tests.builders.health import (
+    T0,
+    Harness,
+    nvml_plugin,
+    reset_pending,
+    saved,
+    stored_taints,
+    taints_of,
+    wait_until,
+)
 from tests.fakes.apiserver import FakeKubeAPI
-from tests.fakes.nvml import FakeNode, FakeNvml, dgx_h100_node, sysfs_for
-from tests.kubeletplugin.test_health_monitor import T0, Harness, taints_of
+from tests.fakes.nvml import dgx_h100_node
 
 NODE = "node-a"
 ECC = "gpu.tessera.dev/ecc-double-bit"
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -51,43 +49,6 @@ def fake() -> Iterator[FakeKubeAPI]:
 @pytest.fixture(autouse=True)
 def quick_nvml_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("driver.nvmlevents.CHECK_INTERVAL_S", 0.1)
-
-
-def nvml_plugin(root: Path, fake: FakeKubeAPI, node: FakeNode, instance_id: str = "", **settings: Any) -> KubeletPlugin:
-    """An NVML node's agent: discovery and health events through the NVML stand-in."""
-    from driver.nvml import load_nvml_inventory
-    from kubeletplugin.plugin import PluginConfig, build_device_state
-
-    sysfs = root / "sys"
-    if not sysfs.exists():
-        sysfs_for(sysfs, node)
-    inventory = load_nvml_inventory(NODE, nvml_module=node.nvml, sysfs_root=sysfs)
-    dirs: dict[str, Any] = {"node_name": NODE, "kubelet_dir": root / "kubelet", "cdi_dir": root / "cdi",
-                            "state_dir": root / "state", "metrics_addr": "127.0.0.1:0", "stop_grace": 2.0,
-                            "instance_id": instance_id}
-    config = PluginConfig(nvml=True, **dirs, **settings)
-    # MPS, MIG and time slices need a GPU: their simulated stand-ins keep the same records on disk
-    state = build_device_state(PluginConfig(simulate="dgx-h100-8", **dirs), inventory)
-    plugin = KubeletPlugin(config, fake, inventory, state, health_resend_interval=30, handover_grace=0.2)
-    plugin._start_nvml_events = functools.partial(  # type: ignore[method-assign]
-        KubeletPlugin._start_nvml_events, plugin, node.nvml)
-    return plugin
-
-
-def stored_taints(fake: FakeKubeAPI) -> dict[str, list[str]]:
-    return {d: [t["key"] for t in ts] for d, ts in taints_of(fake.list_resource_slices()["items"]).items()}
-
-
-def saved(root: Path) -> dict[str, list[str]]:
-    path = root / "state" / HEALTH_CONDITIONS_FILE
-    raw = json.loads(path.read_text()) if path.exists() else {}
-    return {gpu: [c["event"] for c in conds] for gpu, conds in raw.items()}
-
-
-def reset_pending(nvml: FakeNvml, index: int) -> None:
-    """The state a double-bit ECC error leaves a GPU in, as every NVML client reads it."""
-    gpu = nvml.gpus[index]
-    gpu.volatile_uncorrected, gpu.row_remap_pending, gpu.recovery_action = 1, True, 1
 
 
 # -- a surge rollout keeps health (issue 24 item 4) ---------------------------------------------------
