@@ -97,12 +97,15 @@ class NvmlEventSource:
                 log.warning("cannot register GPU for NVML health events", gpu=index, error=str(exc))
 
     def _adopt(self, index: int, handle: Any) -> None:
-        """Watch this handle for `index`: its UUID, and its events where it supports them."""
-        nvml = self._nvml
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        """Watch this handle for `index`: its UUID, then its events where it supports them."""
+        uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
         self._handles[index] = handle
         self._by_uuid[uuid] = index
         self._uuids.setdefault(index, uuid)
+        self._register(index, handle)
+
+    def _register(self, index: int, handle: Any) -> None:
+        nvml = self._nvml
         wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
         supported = nvml.nvmlDeviceGetSupportedEventTypes(handle) & wanted
         if supported:
@@ -213,9 +216,14 @@ class NvmlEventSource:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
             if _text(nvml.nvmlDeviceGetUUID(handle)) != uuid:
                 return None
-            self._adopt(index, handle)
         except nvml.NVMLError:
             return None  # still gone (GpuIsLost, NotFound, ...): it stays lost
+        self._handles[index] = handle
+        self._by_uuid[uuid] = index
+        try:
+            self._register(index, handle)
+        except nvml.NVMLError as exc:  # reachable all the same; the 5 s checks still watch it
+            log.warning("cannot register the GPU that came back for NVML health events", gpu=index, error=str(exc))
         self._active_links.setdefault(index, [])
         if index in self._lost:
             log.info("NVML reaches the lost GPU again", gpu=index, uuid=uuid)

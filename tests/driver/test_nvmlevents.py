@@ -253,3 +253,15 @@ def test_xid_conditions_are_left_to_their_quiet_period_but_held_while_nvml_wants
     nvml.reset_gpu(2)
     src.check_devices()
     assert book.recovered() == [] and not src.needs_reset(2)
+
+
+def test_a_gpu_that_comes_back_but_cannot_be_registered_for_events_still_recovers() -> None:
+    nvml = dgx_h100_node().nvml
+    src, book = watched(nvml)
+    nvml.gpus[3].lost = True
+    src.check_devices()
+    nvml.reset_gpu(3)
+    nvml.gpus[3].failures["nvmlDeviceRegisterEvents"] = pynvml.NVMLError_Unknown
+    src.check_devices()
+    src.check_devices()
+    assert book.recovered() == [(3, "gpu-lost")]
