@@ -239,8 +239,8 @@ class NvmlEventSource:
             return None
         try:
             [value] = fetch(handle, [FI_GPU_RECOVERY_ACTION])
-        except nvml.NVMLError_NotSupported:
-            return None
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return None  # a driver from before field values
         if value.nvmlReturn != 0:
             return None  # the field is unknown to this driver (NVML_ERROR_NOT_SUPPORTED and the like)
         action = int(value.value.uiVal)

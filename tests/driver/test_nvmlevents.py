@@ -150,10 +150,13 @@ def test_any_reading_that_still_wants_a_reset_keeps_the_ecc_condition(still_pend
     assert book.recovered() == []
 
 
-def test_a_driver_without_the_recovery_action_field_falls_back_to_the_ecc_counters() -> None:
+@pytest.mark.parametrize("driver", ["field-unknown", "no-field-values"])
+def test_a_driver_without_the_recovery_action_field_falls_back_to_the_ecc_counters(driver: str) -> None:
     nvml = dgx_h100_node().nvml
     for gpu in nvml.gpus:
         gpu.recovery_action = None
+    if driver == "no-field-values":  # libnvidia-ml from before nvmlDeviceGetFieldValues
+        nvml.failures["nvmlDeviceGetFieldValues"] = pynvml.NVMLError_FunctionNotFound
     src, book = watched(nvml)
     nvml.double_bit_ecc(0)
     src.wait_once(0)
