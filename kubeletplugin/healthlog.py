@@ -206,9 +206,10 @@ class EventLogSource:
             self._line += 1
             applied += self._apply(line, self._line)
         rest = chunk[start:]
+        if rest:
+            self._tail_since = self._monotonic()
         if rest and not self._skipping:
             self._tail += rest
-            self._tail_since = self._monotonic()
             if len(self._tail) > MAX_LINE:
                 self._line += 1
                 self._too_long(self._line)
@@ -217,7 +218,12 @@ class EventLogSource:
         return applied
 
     def _finish_stale_tail(self) -> int:
-        if not self._tail or self._monotonic() - self._tail_since < self._partial_wait:
+        if self._monotonic() - self._tail_since < self._partial_wait:
+            return 0
+        if self._skipping:  # an over-long last line (reported when it began) that never got its newline
+            self._skipping = False
+            return 0
+        if not self._tail:
             return 0
         line = bytes(self._tail)
         self._tail.clear()

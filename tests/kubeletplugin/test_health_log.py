@@ -347,3 +347,16 @@ def test_the_agent_records_its_gpus_for_inject_when_the_log_source_starts(tmp_pa
     src.start()
     src.stop()
     assert json.loads((tmp_path / GPUS_FILE).read_text()) == {"gpus": [0, 1, 2, 3]}
+
+
+def test_an_over_long_last_line_without_newline_does_not_swallow_the_next_event(tmp_path: Path) -> None:
+    h = Harness()
+    clock = Clock()
+    path = tmp_path / EVENT_LOG_FILE
+    write_private(path, b"z" * (MAX_LINE + 5))
+    src = source(h, path, partial_wait=2.0, monotonic=clock)
+    src.poll()
+    clock.now += 3
+    src.poll()
+    append_event(path, {"gpu": 2, "event": "gpu-lost", "time": T0})
+    assert src.poll() == 1 and tainted(h) == {"gpu-2": ["gpu-lost"]}
