@@ -1,6 +1,7 @@
 """GPU health on real nodes: an injected event becomes a device taint, kube-controller-manager's device
 taint eviction controller evicts the pods, kubelet shows the health in pod status, the scheduler keeps
-new claims off the GPU, and a reset clears what the policy clears.
+new claims off the GPU, a reset clears what the policy clears, and a recovery clears the taint so that
+the scheduler places pods on the GPU again.
 
 Events go in the way a demo injects them: appended to the node agent's `health-events.jsonl` (what
 `tessera inject-health-event` writes). Every test removes the log afterwards, which starts the agent's
@@ -29,6 +30,7 @@ from e2e.workloads import (
     request,
     slices_of,
     time_slicing_config,
+    wait_unschedulable,
 )
 
 EVENT_LOG = "health-events.jsonl"
@@ -244,3 +246,25 @@ def test_time_sliced_claim_is_evicted_with_its_gpu(
     # a claim the user created (not from a template) stays, deallocated once no pod uses it
     wait_for(lambda: not kube.get("ResourceClaim", "sliced", namespace).get("status", {}).get("allocation"),
              timeout=60, what="the time-sliced claim to be deallocated")
+
+
+def test_a_taint_keeps_pods_off_recovery_clears_it_and_pods_land_again(
+    kube: Kube, real_a100: RealNode, namespace: str, healthy_after: None
+) -> None:
+    # every GPU of the node has an uncorrectable ECC error: no pod can get one
+    for gpu in range(4):
+        inject(real_a100, gpu, "ecc-double-bit")
+    wait_for(lambda: len(taints(kube, real_a100)) == 4, timeout=10, what="ECC taints on all four GPUs")
+    kube.create(claim("after-reset", namespace, claim_spec(request())))
+    kube.create(probe_pod("after-reset", namespace, real_a100.name, claims={"gpu": "after-reset"}))
+    message = wait_unschedulable(kube, namespace, "after-reset")
+    assert "cannot allocate all claims" in message
+
+    # GPU 2 was reset and reads healthy again: what NVML's recovery check reports on a real GPU
+    inject(real_a100, 2, "recovered", condition="ecc-double-bit")
+    wait_for(lambda: "gpu-2" not in taints(kube, real_a100), timeout=10, what="gpu-2's ECC taint to clear")
+    assert sorted(taints(kube, real_a100)) == ["gpu-0", "gpu-1", "gpu-3"]
+    started = wait_reported(kube, real_a100, namespace, "after-reset")
+    assert _devices(_allocated(kube, namespace, started.pod)) == ["gpu-2"]
+    statuses = _resource_health(kube, namespace, "after-reset")
+    assert {r.get("health") for r in statuses} <= {"Healthy"}, statuses

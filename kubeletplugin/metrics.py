@@ -95,7 +95,8 @@ class PluginMetrics:
         )
         self.health_events = Counter(
             "tessera_plugin_health_events",
-            "GPU health events received, by class (xid, ecc-double-bit, gpu-lost, nvlink-down, reset, ignored).",
+            "GPU health events received, by class (xid, ecc-double-bit, gpu-lost, nvlink-down, reset, recovered, "
+            "ignored).",
             ["event_class"],
             registry=r,
         )

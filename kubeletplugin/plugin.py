@@ -39,7 +39,8 @@ from kubeletplugin.health import (
     HealthBoard,
     device_names_from_slices,
 )
-from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor
+from kubeletplugin.healthlog import EVENT_LOG_FILE, EventLogSource
+from kubeletplugin.healthmonitor import HealthMonitor
 from kubeletplugin.instances import InstanceMembership, PublisherLeadership
 from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
 from kubeletplugin.nodelabels import settings_from_labels
@@ -150,11 +151,12 @@ class KubeletPlugin:
         )
         # GPU health events become taints on the slices and health on kubelet's stream.
         # Simulated nodes rebuild their conditions by replaying the event log; NVML nodes save them
-        # (NVML reports an event once) and read the log only as an operator's channel (a reset).
+        # (NVML reports an event once) and read the log only as an operator's channel (a reset). Only
+        # the publishing instance of a rollout writes them (`_start_publisher`).
         self.health_monitor = HealthMonitor(
             inventory, config.mig_strategy, self.health, self._publish_slices,
             policy=config.health_policy, metrics=self.metrics,
-            state_file=None if config.simulated else config.state_dir / HEALTH_CONDITIONS_FILE,
+            state_file=None if config.simulated else config.state_dir / HEALTH_CONDITIONS_FILE, saving=False,
         )
         self.event_source: EventLogSource | None = EventLogSource(
             config.state_dir / EVENT_LOG_FILE, self.health_monitor, replay=config.simulated
@@ -193,6 +195,7 @@ class KubeletPlugin:
             self.health_monitor.refresh()
             if self.event_source is not None:
                 self.event_source.start()
+            self.health_monitor.start()
             self.leadership.start()
             report = self.state.recover()
             if report.failed:
@@ -239,6 +242,7 @@ class KubeletPlugin:
             self.event_source.stop()
         if self.nvml_events is not None:
             self.nvml_events.stop()
+        self.health_monitor.stop()
         if self._publisher_started:
             try:
                 # another instance still serving keeps the slices (and takes over publishing them)
@@ -272,8 +276,10 @@ class KubeletPlugin:
             module = nvml or _import_pynvml()
             module.nvmlInit()
             source = NvmlEventSource(module, [g.index for g in self.inventory.gpus], self.health_monitor.handle,
-                                     policy=self.config.health_policy)
+                                     policy=self.config.health_policy, active=self.health_monitor.active_conditions,
+                                     uuids={g.index: g.uuid for g in self.inventory.gpus})
             source.start()
+            self.health_monitor.hold = source.needs_reset
         except Exception as exc:  # no library, no driver, no permission: health events are off
             log.error("NVML health events are off: cannot watch the GPUs", error=str(exc))
             return
@@ -284,6 +290,8 @@ class KubeletPlugin:
         self.publisher.update(slices)
 
     def _start_publisher(self) -> None:
+        # the saved health conditions of an instance that published before go into the first sync
+        self.health_monitor.take_over()
         self.publisher.start()
         self._publisher_started = True
 

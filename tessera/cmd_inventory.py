@@ -108,11 +108,12 @@ def health_taints(path: Path, gpu_indexes: list[int]) -> dict[int, list[dict[str
         where = f"{path}: line {number}"
         try:
             raw = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{where}: not valid JSON: {exc}") from exc
         event = parse_event(raw, where, gpu_indexes=gpu_indexes, default_time=time.time(), policy=book.policy)
         if event is not None:
             book.apply(event)
+    book.expire(time.time())  # what the agent publishes now: transient XIDs past their quiet period are gone
     return book.taints_by_gpu()
 
 

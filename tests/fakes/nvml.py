@@ -81,6 +81,14 @@ class FakeGpu:
     gi_profiles: dict[int, tuple[int, str, int]] = field(default_factory=dict)
     # function name -> error class: that query fails on this GPU (e.g. a lost GPU)
     failures: dict[str, type[Exception]] = field(default_factory=dict)
+    # health: fallen off the bus (every query on it raises GpuIsLost), NVML's recovery action (None: the
+    # driver does not report the field), the volatile uncorrectable ECC count and what waits for a
+    # reset (None: NotSupported)
+    lost: bool = False
+    recovery_action: int | None = 0
+    volatile_uncorrected: int | None = 0
+    retired_pages_pending: bool | None = False
+    row_remap_pending: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,11 @@ class FakeNvml:
     nvmlEventTypeDoubleBitEccError = _real.nvmlEventTypeDoubleBitEccError
     nvmlEventTypeSingleBitEccError = _real.nvmlEventTypeSingleBitEccError
 
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = _real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = _real.NVML_VOLATILE_ECC
+    NVML_FEATURE_ENABLED = _real.NVML_FEATURE_ENABLED
+    NVML_FEATURE_DISABLED = _real.NVML_FEATURE_DISABLED
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     NVML_NVLINK_MAX_LINKS = _real.NVML_NVLINK_MAX_LINKS
     NVML_GPU_INSTANCE_PROFILE_COUNT = _real.NVML_GPU_INSTANCE_PROFILE_COUNT
     NVML_NVLINK_DEVICE_TYPE_GPU = _real.NVML_NVLINK_DEVICE_TYPE_GPU
@@ -161,6 +174,8 @@ class FakeNvml:
         gpu = self.gpus[index]
         if fn in gpu.failures:
             raise gpu.failures[fn]()
+        if gpu.lost:
+            raise NVMLError_GpuIsLost()
         return gpu
 
     def _str(self, value: str) -> str | bytes:
@@ -202,7 +217,18 @@ class FakeNvml:
         gpu = self.gpus[index]
         if "nvmlDeviceGetHandleByIndex" in gpu.failures:
             raise gpu.failures["nvmlDeviceGetHandleByIndex"]()
+        if gpu.lost:
+            raise NVMLError_GpuIsLost()
         return _Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        self._check("nvmlDeviceGetHandleByUUID")
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for index, gpu in enumerate(self.gpus):
+            if gpu.uuid == text:
+                self._check("nvmlDeviceGetHandleByUUID", _Handle(index))
+                return _Handle(index)
+        raise NVMLError_NotFound()
 
     # -- full GPU queries -------------------------------------------------------------------------
 
@@ -375,6 +401,61 @@ class FakeNvml:
                 return SimpleNamespace(device=_Handle(index), eventType=kind, eventData=data, gpuInstanceId=0xFFFFFFFF,
                                        computeInstanceId=0xFFFFFFFF)
         raise NVMLError_Timeout()
+
+    # -- health: what a GPU reset clears ----------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: object, field_ids: list[int]) -> list[SimpleNamespace]:
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        out = []
+        for fid in field_ids:
+            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                out.append(SimpleNamespace(fieldId=fid, nvmlReturn=_real.NVML_SUCCESS,
+                                           value=SimpleNamespace(uiVal=gpu.recovery_action)))
+            else:  # per field, as NVML does: the call succeeds, the field says it is unknown here
+                out.append(SimpleNamespace(fieldId=fid, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED,
+                                           value=SimpleNamespace(uiVal=0)))
+        return out
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: object, error_type: int, counter_type: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        if gpu.volatile_uncorrected is None:
+            raise NVMLError_NotSupported()
+        assert (error_type, counter_type) == (_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _real.NVML_VOLATILE_ECC)
+        return gpu.volatile_uncorrected
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: object) -> int:
+        gpu = self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if gpu.retired_pages_pending is None:
+            raise NVMLError_NotSupported()
+        return int(_real.NVML_FEATURE_ENABLED if gpu.retired_pages_pending else _real.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetRemappedRows(self, handle: object) -> tuple[int, int, int, int]:
+        gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
+        if gpu.row_remap_pending is None:
+            raise NVMLError_NotSupported()
+        return (0, 1 if gpu.row_remap_pending else 0, int(gpu.row_remap_pending), 0)
+
+    def double_bit_ecc(self, index: int) -> None:
+        """What the driver does on an uncorrectable ECC error: the event, the counters, a reset asked for."""
+        gpu = self.gpus[index]
+        self.pending_events.append((index, _real.nvmlEventTypeDoubleBitEccError, 0))
+        gpu.volatile_uncorrected = (gpu.volatile_uncorrected or 0) + 1
+        gpu.row_remap_pending = True
+        if gpu.recovery_action is not None:
+            gpu.recovery_action = _real.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+
+    def reset_gpu(self, index: int) -> None:
+        """`nvidia-smi -r`: the card is back, the volatile counters start at 0, pending repairs are applied."""
+        gpu = self.gpus[index]
+        gpu.lost = False
+        if gpu.volatile_uncorrected is not None:
+            gpu.volatile_uncorrected = 0
+        if gpu.retired_pages_pending is not None:
+            gpu.retired_pages_pending = False
+        if gpu.row_remap_pending is not None:
+            gpu.row_remap_pending = False
+        if gpu.recovery_action is not None:
+            gpu.recovery_action = _real.NVML_GPU_RECOVERY_ACTION_NONE
 
     def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
         return int(self._link("nvmlDeviceGetNvLinkState", handle, link).active)

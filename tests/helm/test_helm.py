@@ -890,3 +890,10 @@ def test_chart_health_values_render_to_a_policy_equal_to_the_built_in_one_and_fo
     assert policy() == HealthPolicy()
     changed = policy("kubeletPlugin.health.taints.xid.effect=NoExecute", "kubeletPlugin.health.ignoredXids={13}")
     assert changed.rules[EventClass.XID].effect == "NoExecute" and changed.ignored_xids == frozenset({13})
+    recovery = policy("kubeletPlugin.health.taints.xid.clearAfterSeconds=60",
+                      "kubeletPlugin.health.taints.ecc-double-bit.clearsOnRecovery=false")
+    assert recovery.rules[EventClass.XID].clear_after == 60
+    assert not recovery.rules[EventClass.ECC_DOUBLE_BIT].clears_on_recovery
+    # a quiet period would clear a lost GPU that sends no more events: refused before the plugin sees it
+    error = render_error(tools, "kubeletPlugin.health.taints.gpu-lost.clearAfterSeconds=60")
+    assert "/kubeletPlugin/health/taints/gpu-lost/clearAfterSeconds" in error

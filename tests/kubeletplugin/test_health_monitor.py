@@ -13,36 +13,16 @@ from typing import Any
 import pytest
 
 from driver.discovery import load_inventory
-from driver.health import EventClass, HealthEvent, HealthPolicy, taint_time
-from kubeletplugin.health import Health, HealthBoard, device_names_from_slices
-from kubeletplugin.healthmonitor import EVENT_LOG_FILE, EventLogSource, HealthMonitor, append_event
-from kubeletplugin.metrics import PluginMetrics
+from driver.health import EventClass, HealthEvent, taint_time
+from kubeletplugin.health import Health
+from kubeletplugin.healthlog import EVENT_LOG_FILE, EventLogSource, append_event, write_gpu_indexes
+from kubeletplugin.healthmonitor import HealthMonitor
+from tests.builders.health import NODE, T0, Harness, taints_of
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
 
-NODE = "node-a"
-T0 = 1_790_000_000.0
 # the mixed profile: gpu-1 is in MIG mode (published as three MIG devices), the others are whole GPUs
 GPU1_MIGS = ["gpu-1-mig-1g10gb-6", "gpu-1-mig-2g20gb-4", "gpu-1-mig-3g40gb-0"]
-
-
-def taints_of(slices: list[dict[str, Any]]) -> dict[str, list[dict[str, str]]]:
-    return {d["name"]: d["taints"] for s in slices for d in s["spec"].get("devices") or [] if d.get("taints")}
-
-
-class Harness:
-    def __init__(self, policy: HealthPolicy | None = None) -> None:
-        from driver.slices import build_slices
-
-        self.inventory = load_inventory(NODE, simulate="mixed")
-        self.board = HealthBoard(NODE, device_names_from_slices(build_slices(self.inventory)))
-        self.published: list[list[dict[str, Any]]] = []
-        self.metrics = PluginMetrics()
-        self.monitor = HealthMonitor(self.inventory, "static", self.board, self.published.append, policy=policy,
-                                     metrics=self.metrics)
-
-    def health(self) -> dict[str, tuple[Health, str]]:
-        return {s.device_name: (s.health, s.message) for s in self.board.snapshot()[1]}
 
 
 def test_gpu_lost_taints_every_mig_device_of_the_gpu_and_marks_them_unhealthy() -> None:
@@ -186,12 +166,13 @@ def test_the_first_slices_after_a_restart_already_carry_the_taints(plugin: Any) 
 def test_inject_cli_appends_events_the_log_source_reads(tmp_path: Path) -> None:
     from tessera.cli import main
 
+    h = Harness()
+    write_gpu_indexes(tmp_path, h.monitor.gpu_indexes)  # what the running agent records
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid", "--xid", "79",
                  "--message", "fell off"]) == 0
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "0", "--event", "xid"]) == 2
     assert main(["inject-health-event", "--state-dir", str(tmp_path), "--gpu", "3", "--event", "nvlink-down",
                  "--link", "2"]) == 0
-    h = Harness()
     EventLogSource(tmp_path / EVENT_LOG_FILE, h.monitor).poll()
     taints = taints_of(h.published[-1])
     assert taints["gpu-3"][0]["value"] == "link-2"

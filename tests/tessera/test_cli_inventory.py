@@ -140,7 +140,7 @@ def test_publish_runs_until_sigterm_and_cleans_up_when_asked(fake: FakeKubeAPI,
 
 
 def test_injected_health_events_show_as_taints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from kubeletplugin.healthmonitor import append_event
+    from kubeletplugin.healthlog import append_event
 
     log = tmp_path / "health-events.jsonl"
     append_event(log, {"gpu": 1, "event": "gpu-lost", "time": 1_790_000_000})
@@ -154,6 +154,20 @@ def test_injected_health_events_show_as_taints(capsys: pytest.CaptureFixture[str
                      "-o", "json")
     tainted = [d["name"] for s in json.loads(out)["items"] for d in s["spec"]["devices"] if d.get("taints")]
     assert len(tainted) == 3
+
+
+def test_inventory_shows_the_taints_the_agent_publishes_now(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import time
+
+    log = tmp_path / "health-events.jsonl"
+    log.write_text(json.dumps({"gpu": 0, "event": "xid", "xid": 94, "time": time.time() - 3600}) + "\n"  # quiet since
+                   + json.dumps({"gpu": 2, "event": "xid", "xid": 94}) + "\n"
+                   + json.dumps({"gpu": 3, "event": "gpu-lost"}) + "\n"
+                   + json.dumps({"gpu": 3, "event": "recovered", "condition": "gpu-lost"}) + "\n")
+    rc, out, _ = run(capsys, "inventory", "--simulate", "mixed", "--node", "node-a", "--health-events", str(log))
+    assert rc == 0
+    section = out.split("HEALTH TAINTS\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in section] == ["gpu-2"]
 
 
 def test_bad_health_event_log_is_an_error_naming_the_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
