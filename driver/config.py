@@ -19,6 +19,7 @@ from typing import Any
 
 from driver import DRIVER_NAME
 from driver.errors import InvalidInputError
+from driver.names import base_request
 from driver.quantity import parse_quantity
 
 API_VERSION = f"{DRIVER_NAME}/v1alpha1"
@@ -35,6 +36,8 @@ class Strategy(StrEnum):
 
 class ConfigError(InvalidInputError):
     """A config value tessera cannot use; `field_path` points at it in the object the user wrote."""
+
+    reason = "config"
 
     def __init__(self, field_path: str, message: str) -> None:
         super().__init__(f"{field_path}: {message}")
@@ -234,8 +237,7 @@ def config_applies(config_requests: tuple[str, ...], request: str) -> bool:
     """Whether a config entry with `requests` covers an allocation result for `request` ("req" or "req/sub")."""
     if not config_requests:
         return True
-    base = request.split("/", 1)[0]
-    return request in config_requests or base in config_requests
+    return request in config_requests or base_request(request) in config_requests
 
 
 def merge_configs(configs: list[GpuConfig]) -> GpuConfig:
