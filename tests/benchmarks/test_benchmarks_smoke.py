@@ -24,7 +24,7 @@ from benchmarks import (
 from benchmarks import run as bench_run
 from benchmarks.stats import percentile, summarize, table
 from driver.kubeapi import ApiError
-from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpointstore import CheckpointStore
 from tests.fakes.apiserver import FakeKubeAPI
 
 

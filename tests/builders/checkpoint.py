@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from kubeletplugin.checkpoint import (
-    ClaimEntry,
-    ClaimState,
-    GpuUse,
-)
+from driver.allocation import GpuUse
+from kubeletplugin.checkpoint import ClaimEntry, ClaimState
 from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
