@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from driver.cdi import read_spec
+from kubeletplugin.devicesteps import DeviceSteps
 from kubeletplugin.draservice import claim_failure
 from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
@@ -37,18 +38,22 @@ def no_crash(step: str) -> None:
     del step
 
 
-def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
-    state_dir = tmp_path / "state"
-    return DeviceState(
+def make_steps(root: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceSteps:
+    """The device steps of a simulated node whose state and CDI directories are under `root`."""
+    state_dir = root / "state"
+    return DeviceSteps(
         inventory(profile),
-        tmp_path / "cdi",
+        root / "cdi",
         state_dir,
-        "node-a",
         kwargs.pop("mps", None) or SimulatedMpsControl(state_dir),
-        SimulatedMigManager(state_dir),
+        kwargs.pop("mig", None) or SimulatedMigManager(state_dir),
         fault_hook=hook,
         **kwargs,
     )
+
+
+def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
+    return DeviceState(make_steps(tmp_path, profile, hook, **kwargs), "node-a")
 
 
 def ref(uid: str = UID, name: str = "claim") -> ClaimRef:

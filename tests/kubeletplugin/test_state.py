@@ -16,6 +16,7 @@ from driver.allocation import AllocationError
 from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
 from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.devicesteps import DeviceSteps
 from kubeletplugin.faults import MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
 from kubeletplugin.kubeletclaims import PreparedDevice, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
@@ -69,9 +70,9 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
 
 def test_real_node_spec_leaves_device_numbers_to_the_runtime(tmp_path):
     state = make_state(tmp_path)
-    state = DeviceState(
-        dataclasses.replace(inventory(), source="nvml"), state.cdi_dir, state.state_dir, "node-a", state.mps, state.mig
-    )
+    steps = DeviceSteps(dataclasses.replace(inventory(), source="nvml"), state.cdi_dir, state.state_dir, state.mps,
+                        state.mig)  # fmt: skip
+    state = DeviceState(steps, "node-a")
     prepare(state, [result("gpu-3")])
     spec = spec_of(state)
     minor = inventory().gpu_by_index(3).minor
@@ -478,7 +479,7 @@ def test_retried_share_prepare_after_crash_has_one_daemon(tmp_path, step):
 def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
     state = make_state(tmp_path, "h100-16-mig")
     prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")])
-    state.fault_hook = crash_at(step)
+    state.steps.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     restarted = make_state(tmp_path, "h100-16-mig")
@@ -492,7 +493,7 @@ def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
 def test_retried_unprepare_after_crash_succeeds(tmp_path, step):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    state.fault_hook = crash_at(step)
+    state.steps.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
@@ -675,7 +676,7 @@ def test_the_checkpoint_keeps_only_this_nodes_part_of_the_allocation(tmp_path):
 def test_prepare_after_an_interrupted_unprepare_finishes_it_and_prepares_afresh(tmp_path):
     state = make_state(tmp_path)
     assert not prepare(state, [share("gpu-1", "8Gi")]).error
-    state.fault_hook = crash_at("unprepare-after-checkpoint-started")
+    state.steps.fault_hook = crash_at("unprepare-after-checkpoint-started")
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
