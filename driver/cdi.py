@@ -48,6 +48,8 @@ _MIG_CAP_PER_GPU = 15 * _MIG_CAP_PER_GI
 class CdiError(InvalidInputError):
     """A spec tessera refuses to write (bad claim uid, bad device name)."""
 
+    reason = "cdi"
+
 
 @dataclass(frozen=True)
 class Mount:

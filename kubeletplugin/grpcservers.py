@@ -49,6 +49,8 @@ ServicerRegistrar = Callable[[grpc.Server], None]
 class SocketError(TesseraError):
     """A socket path that cannot be served: too long, not absolute, occupied by a non-socket, or bind failed."""
 
+    reason = "socket"
+
 
 INSTANCE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 

@@ -40,6 +40,8 @@ MPS_DAEMON_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 class MpsError(DeviceError):
     """An MPS daemon could not be started, configured or stopped."""
 
+    reason = "mps"
+
 
 def limit_mib(limit_bytes: int) -> int:
     """A pinned-memory limit in whole MiB, rounded down so it never exceeds the allocation."""
