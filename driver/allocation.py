@@ -133,10 +133,20 @@ class AllocatedDevice:
 
 @dataclass(frozen=True)
 class MpsGroup:
-    """Devices served by one MPS control daemon, and the daemon's settings."""
+    """Devices served by one MPS control daemon, and the daemon's settings.
 
+    `daemon_id` names the daemon's directories and records: the claim's uid for its first group
+    (where a claim's only daemon always was, so an older build finds it), `<uid>-mps<n>` after that.
+    """
+
+    daemon_id: str
     devices: tuple[AllocatedDevice, ...]
     active_thread_percentage: int | None = None
+    pinned_memory_limit: int | None = None  # bytes per device and client; None = what the device may use
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.base_request for d in self.devices))
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,7 @@ class ClaimPlan:
     devices: tuple[AllocatedDevice, ...]
     # this node's part of status.allocation, as the checkpoint keeps it (see allocation_record)
     allocation: dict[str, Any] = field(default_factory=dict, compare=False)
-    mps: MpsGroup | None = None
+    mps_groups: tuple[MpsGroup, ...] = ()  # one MPS daemon each
     gpu_uses: tuple[GpuUse, ...] = ()  # admin-access devices hold no use: they are watched, not owned
     time_slices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) of time-sliced whole GPUs
     migs: tuple[tuple[str, MigKey], ...] = ()  # (device name, placement) of each dynamic MIG instance
@@ -267,14 +277,13 @@ def plan_allocation(
         raise AllocationError(f"{_RESULTS}: must be a list, got {type(raw_results).__name__}")
     configs = _decode_configs(raw_configs)
     devices = _allocated_devices(raw_results, configs, inventory, pool)
-    where = f"ResourceClaim {namespace}/{name}"
     return ClaimPlan(
         uid=uid,
         namespace=namespace,
         name=name,
         devices=devices,
         allocation=allocation,
-        mps=_mps_group(devices, where),
+        mps_groups=_mps_groups(devices, uid),
         gpu_uses=tuple(dict.fromkeys(d.gpu_use for d in devices if not d.admin_access)),
         time_slices=tuple(
             dict.fromkeys(
@@ -335,25 +344,21 @@ def _allocated_devices(
     return tuple(out)
 
 
-def _mps_group(devices: tuple[AllocatedDevice, ...], where: str) -> MpsGroup | None:
-    """The devices the claim's MPS daemon serves, or None when no device uses MPS."""
-    mps = tuple(d for d in devices if d.sharing.strategy == Strategy.MPS)
-    if not mps:
-        return None
-    if len(mps) != len(devices):
-        raise ConfigError(
-            where,
-            "one MPS daemon serves the whole claim, so either all of its devices use strategy MPS "
-            "(memory shares always do) or none; put the other devices in a separate claim",
-        )
-    percentages = {d.sharing.active_thread_percentage for d in mps}
-    if len(percentages) > 1:
-        raise ConfigError(
-            where,
-            f"one MPS daemon serves the whole claim, so sharing.mps.activeThreadPercentage must be the same "
-            f"for all its devices, got {sorted(percentages, key=str)}",
-        )
-    return MpsGroup(mps, next(iter(percentages)))
+def _mps_groups(devices: tuple[AllocatedDevice, ...], uid: str) -> tuple[MpsGroup, ...]:
+    """The claim's MPS daemons: one per set of MPS settings its devices use, in allocation order.
+
+    Devices with the same settings share a daemon whatever request they come from (a claim with two
+    memory-share requests keeps one daemon, as a container using both needs); devices of another
+    strategy have none, so one claim can mix MPS, time-slicing and exclusive use across requests.
+    """
+    groups: dict[tuple[int | None, int | None], list[AllocatedDevice]] = {}
+    for d in devices:
+        if d.sharing.strategy == Strategy.MPS:
+            groups.setdefault((d.sharing.active_thread_percentage, d.sharing.pinned_memory_limit), []).append(d)
+    return tuple(
+        MpsGroup(uid if n == 0 else f"{uid}-mps{n}", tuple(members), percentage, limit)
+        for n, ((percentage, limit), members) in enumerate(groups.items())
+    )
 
 
 def _consumed_memory(result: dict[str, Any], target: DeviceTarget, device: str, path: str) -> int | None:

@@ -10,6 +10,12 @@ The checksum covers the canonical JSON of `claims` (sorted keys, no spaces).
 Formats:
 - format 1: `{"version": 1, "checksum", "claims"}`. No `format` and no `bootID` field.
 - format 2: adds `format: 2` and `bootID`. Its entries are format 1's, so it writes `version: 1`.
+- format 3: an entry may record several MPS daemons (`mpsDaemons`; one per MPS group of a claim
+  whose requests are shared in different ways). `mps` still holds the first, where formats 1 and 2
+  look for it. A file is written as `version: 1` while every claim has at most one daemon, which
+  formats 1 and 2 read completely; once a claim has two, as `version: 3`: an older build would
+  stop only one of them, so it refuses the file and says to roll forward instead of leaking the
+  others.
 
 `format` is the format the writer speaks. `version` is the oldest format that can read the file:
 the field every tessera build checks, which is why it keeps that name. A build reads every file
@@ -24,7 +30,9 @@ An entry, the same in both formats (a reader ignores fields it does not know; an
      "devices": [{"requestNames", "poolName", "deviceName", "cdiDeviceIDs", "shareID"}],
      "gpuUses": [{"gpuUUID", "kind"}],
      "allocation": <this node's part of status.allocation> | null,
-     "mps": {"claimUID", "pipeDir", "logDir", "shmDir", "gpuUUIDs", "limitsMiB", "activeThreadPercentage"} | null,
+     "mps": <daemon> | null,  "mpsDaemons": [<daemon>],   (format 3; absent: [mps] when mps is set)
+     <daemon> = {"claimUID" (the daemon's id: the claim uid, then <uid>-mps<n>), "pipeDir", "logDir",
+                 "shmDir", "gpuUUIDs", "limitsMiB", "activeThreadPercentage"},
      "migs": [{"gpu_uuid", "gpu_index", "gpu_minor", "profile", "placement", "size", "gpu_instance_id",
                "compute_instance_id", "uuid"}],
      "timeSlices": [{"gpuUUID", "interval"}]}
@@ -50,9 +58,10 @@ from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
 
 # the format this build writes and the oldest format that can read it (see the module docstring)
-FORMAT = 2
-READABLE_SINCE = 1
+FORMAT = 3
+READABLE_SINCE = 1  # what a file needs to be read, while every claim has at most one MPS daemon
 CHECKPOINT_VERSION = READABLE_SINCE
+SEVERAL_DAEMONS_SINCE = 3  # a file with a claim of several MPS daemons
 # tessera's own entries nest about ten levels (an allocation's opaque config included)
 MAX_DEPTH = 64
 
@@ -88,9 +97,14 @@ class ClaimEntry:
     # this node's part of the claim's status.allocation (other drivers' results and configs nulled, so
     # result indices stay): recovery rebuilds the CDI spec from it after a reboot wiped /var/run/cdi
     allocation: dict[str, Any] | None = None
-    mps: MpsDaemon | None = None
+    mps_daemons: tuple[MpsDaemon, ...] = ()  # one per MPS group of the claim's plan
     migs: tuple[CreatedMig, ...] = field(default=())
     time_slices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) set for this claim
+
+    @property
+    def mps(self) -> MpsDaemon | None:
+        """The claim's first MPS daemon (the only one formats 1 and 2 know)."""
+        return self.mps_daemons[0] if self.mps_daemons else None
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,7 @@ def entry_to_json(e: ClaimEntry) -> dict[str, Any]:
         "gpuUses": [{"gpuUUID": u.gpu_uuid, "kind": u.kind} for u in e.gpu_uses],
         "allocation": e.allocation,
         "mps": _mps_to_json(e.mps) if e.mps else None,
+        "mpsDaemons": [_mps_to_json(m) for m in e.mps_daemons],
         "migs": [_mig_to_json(m) for m in e.migs],
         "timeSlices": [{"gpuUUID": u, "interval": i} for u, i in e.time_slices],
     }
@@ -180,7 +195,8 @@ def entry_from_json(data: dict[str, Any]) -> ClaimEntry:
         devices=tuple(_device_from_json(d) for d in data.get("devices", [])),
         gpu_uses=tuple(GpuUse(str(u["gpuUUID"]), str(u["kind"])) for u in data.get("gpuUses", [])),
         allocation=allocation,
-        mps=_mps_from_json(data["mps"]) if data.get("mps") else None,
+        mps_daemons=tuple(_mps_from_json(m) for m in data["mpsDaemons"]) if "mpsDaemons" in data
+        else (_mps_from_json(data["mps"]),) if data.get("mps") else (),
         migs=tuple(_mig_from_json(m) for m in data.get("migs", [])),
         time_slices=tuple((str(t["gpuUUID"]), str(t["interval"])) for t in data.get("timeSlices", [])),
     )
@@ -194,13 +210,19 @@ def canonical(claims: dict[str, Any]) -> bytes:
     return json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
 
 
+def readable_since(entries: dict[str, ClaimEntry]) -> int:
+    """The oldest format that reads every entry completely (see the module docstring)."""
+    several = any(len(e.mps_daemons) > 1 for e in entries.values())
+    return SEVERAL_DAEMONS_SINCE if several else READABLE_SINCE
+
+
 def encode(entries: dict[str, ClaimEntry], boot_id: str = "") -> bytes:
-    """A format-2 document, readable by format 1."""
+    """A document of this build's format, readable by the oldest format that can (readable_since)."""
     # the claims are written in their canonical form, the bytes the checksum covers: one dump, and
     # json's C encoder (an indented dump runs the pure-Python one, a third of a prepare's CPU)
     claims = canonical({uid: entry_to_json(e) for uid, e in sorted(entries.items())})
     checksum = "sha256:" + hashlib.sha256(claims).hexdigest()
-    head = json.dumps({"version": READABLE_SINCE, "format": FORMAT, "bootID": boot_id, "checksum": checksum},
+    head = json.dumps({"version": readable_since(entries), "format": FORMAT, "bootID": boot_id, "checksum": checksum},
                       indent=1)
     return head[:-2].encode() + b',\n "claims": ' + claims + b"\n}\n"
 

@@ -30,6 +30,7 @@ from driver.cdi import (
     mig_device_nodes,
     qualified_id,
     remove_spec,
+    request_devices_env,
 )
 from driver.driverroot import DriverRoot
 from driver.mig import layout_for
@@ -179,19 +180,32 @@ class DeviceSteps:
         return t.gpu.uuid, gpu_device_nodes(t.gpu.minor, self.device_numbers)
 
     def claim_spec(self, plan: ClaimPlan, migs: dict[str, CreatedMig]) -> ClaimSpec:
-        """The claim's CDI spec, built from the plan and the MIG instances it got; nothing is written."""
+        """The claim's CDI spec, built from the plan and the MIG instances it got; nothing is written.
+
+        Everything a device brings goes into that device's own edits (its nodes, its request's device
+        list, its MPS group's pipe), so a container that names one request gets that request alone.
+        """
         repeated = {d.device for d in plan.devices if sum(o.device == d.device for o in plan.devices) > 1}
+        visible = {d.device: self._visible(d, migs) for d in plan.devices}
+        by_request: dict[str, list[str]] = {}
+        for d in plan.devices:
+            ids = by_request.setdefault(d.base_request, [])
+            if visible[d.device][0] not in ids:
+                ids.append(visible[d.device][0])
+        mps_edits = {d.result_index: mps_paths(self.state_dir, g.daemon_id).container_edits()
+                     for g in plan.mps_groups for d in g.devices}  # fmt: skip
         spec_devices: list[SpecDevice] = []
         prepared: list[PreparedDevice] = []
         for d in plan.devices:
             suffix = (d.share_id or str(d.result_index)) if d.device in repeated else ""
             name = device_name(plan.uid, d.device, suffix)
-            visible, nodes = self._visible(d, migs)
-            spec_devices.append(SpecDevice(name, visible, ContainerEdits(device_nodes=nodes)))
+            edits = ContainerEdits(
+                env=(request_devices_env(plan.uid, d.base_request, by_request[d.base_request]),),
+                device_nodes=visible[d.device][1],
+            ) + mps_edits.get(d.result_index, ContainerEdits())
+            spec_devices.append(SpecDevice(name, edits))
             prepared.append(PreparedDevice((d.base_request,), d.pool, d.device, (qualified_id(name),), d.share_id))
         common = self.driver_root.container_edits() if self.driver_root else ContainerEdits()
-        if plan.mps is not None:
-            common = common + mps_paths(self.state_dir, plan.uid).container_edits()
         spec = build_claim_spec(plan.uid, spec_devices, common, self.device_numbers)
         return ClaimSpec(spec, tuple(prepared))
 
@@ -205,14 +219,16 @@ class DeviceSteps:
 
     # -- MPS ---------------------------------------------------------------------------------------
     def start_mps(
-        self, plan: ClaimPlan, migs: dict[str, CreatedMig], recorded: MpsDaemon | None
-    ) -> MpsDaemon | None:
-        """The claim's MPS daemon (None when no device uses MPS): the recorded one if it still serves the
-        same cards with the same limits and share, else a new one."""
-        if plan.mps is None:
-            return None
-        order, limits_mib = self._mps_limits(plan.mps, migs)
-        thread_percentage = plan.mps.active_thread_percentage
+        self, plan: ClaimPlan, migs: dict[str, CreatedMig], recorded: tuple[MpsDaemon, ...]
+    ) -> tuple[MpsDaemon, ...]:
+        """One daemon per MPS group of the plan: the recorded one where it still serves the same cards
+        with the same limits and share, else a new one."""
+        known = {m.claim_uid: m for m in recorded}
+        return tuple(self._group_daemon(g, migs, known.get(g.daemon_id)) for g in plan.mps_groups)
+
+    def _group_daemon(self, group: MpsGroup, migs: dict[str, CreatedMig], recorded: MpsDaemon | None) -> MpsDaemon:
+        order, limits_mib = self._mps_limits(group, migs)
+        thread_percentage = group.active_thread_percentage
         if (
             recorded is not None
             and recorded.gpu_uuids == order
@@ -221,10 +237,11 @@ class DeviceSteps:
             and self.mps.adopt(recorded)
         ):
             return recorded
-        return self.mps.start(plan.uid, order, limits_mib, thread_percentage)
+        return self.mps.start(group.daemon_id, order, limits_mib, thread_percentage)
 
     def _mps_limits(self, group: MpsGroup, migs: dict[str, CreatedMig]) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """Per visible device, in CDI order: the group's total on that card, never above the card."""
+        """Per visible device, in allocation order: the group's total on that card, never above the card
+        nor above the group's configured pinnedDeviceMemoryLimit."""
         order: list[str] = []
         limits: dict[str, int] = {}
         capacity: dict[str, int] = {}
@@ -235,12 +252,18 @@ class DeviceSteps:
                 limits[visible] = 0
             limits[visible] += d.memory_limit_bytes
             capacity[visible] = d.target.memory_bytes
-        return tuple(order), tuple(limit_mib(min(limits[v], capacity[v])) for v in order)
+        cap = group.pinned_memory_limit
+        return tuple(order), tuple(limit_mib(min(limits[v], capacity[v], cap or capacity[v])) for v in order)
 
     # -- undo --------------------------------------------------------------------------------------
     def teardown(self, entry: ClaimEntry) -> None:
         """Stop MPS, reset time slices, destroy MIG instances, delete the CDI spec; each a no-op when done."""
-        if entry.mps is not None or self.mps.is_running(entry.uid):
+        recorded = [m.claim_uid for m in entry.mps_daemons]
+        for daemon_id in recorded:
+            self.mps.stop(daemon_id)
+        # a daemon started after the PrepareStarted write is not recorded yet; the claim's first one
+        # is found by its name here, later ones by recovery's orphan scan
+        if entry.uid not in recorded and self.mps.is_running(entry.uid):
             self.mps.stop(entry.uid)
         self.fault_hook("unprepare-after-mps-stop")
         if self.timeslicer is not None:

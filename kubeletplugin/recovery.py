@@ -95,7 +95,7 @@ class Recovery:
                     continue
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
-                        self._restore(replace(entry, mps=None) if report.rebooted else entry, report)
+                        self._restore(replace(entry, mps_daemons=()) if report.rebooted else entry, report)
                     else:
                         # nobody is preparing it (we hold its lock): an abandoned attempt
                         self.steps.teardown(entry)
@@ -130,10 +130,11 @@ class Recovery:
         # a reboot or GPU reset puts the interval back to the default
         if self.steps.timeslicer is not None:
             self.steps.set_time_slices(entry.uid, entry.time_slices)
-        mps = self.steps.start_mps(plan, migs.by_device, entry.mps) if plan.mps is not None else entry.mps
-        if mps is not entry.mps:
+        daemons = self.steps.start_mps(plan, migs.by_device, entry.mps_daemons)
+        # a daemon adopted is the recorded object itself; any other one was started again
+        if any(all(d is not r for r in entry.mps_daemons) for d in daemons):
             report.mps_restarted.append(entry.uid)
-        updated = replace(entry, migs=migs.instances, mps=mps)
+        updated = replace(entry, migs=migs.instances, mps_daemons=daemons)
         if updated != entry:
             self.store.put(updated)
 
@@ -149,10 +150,11 @@ class Recovery:
             if m not in known:
                 self._cleanup(report, f"mig:{m.uuid}", functools.partial(mig.destroy, m))
                 report.orphan_migs_destroyed.append(m.uuid)
+        known_daemons = set(entries) | {m.claim_uid for e in entries.values() for m in e.mps_daemons}
         mps_root = state_dir / "mps"
         if mps_root.is_dir():
             for d in sorted(mps_root.iterdir()):
-                if d.name not in entries:
+                if d.name not in known_daemons:
                     self._cleanup(report, f"mps:{d.name}", functools.partial(mps.stop, d.name))
                     report.orphan_mps_stopped.append(d.name)
         self._remove_stale_temp_files(report)

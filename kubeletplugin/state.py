@@ -110,7 +110,7 @@ class DeviceState:
                 self.steps.fault_hook("after-cdi-write")
 
                 self.steps.set_time_slices(plan.uid, plan.time_slices)
-                entry = replace(entry, mps=self.steps.start_mps(plan, migs, entry.mps))
+                entry = replace(entry, mps_daemons=self.steps.start_mps(plan, migs, entry.mps_daemons))
                 self.steps.fault_hook("after-mps-start")
 
                 self.steps.fault_hook("before-checkpoint-completed")
@@ -135,7 +135,7 @@ class DeviceState:
                 state=ClaimState.PREPARE_STARTED,
                 gpu_uses=plan.gpu_uses,
                 allocation=plan.allocation,
-                mps=earlier.mps if earlier else None,
+                mps_daemons=earlier.mps_daemons if earlier else (),
                 migs=earlier.migs if earlier else (),
                 time_slices=plan.time_slices if applies_slices else (earlier.time_slices if earlier else ()),
             )

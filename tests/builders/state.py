@@ -89,6 +89,21 @@ def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
 
 
+def device_env(spec: dict[str, Any], index: int) -> dict[str, str]:
+    """The environment one CDI device of the spec adds."""
+    return dict(e.split("=", 1) for e in spec["devices"][index]["containerEdits"].get("env", []))
+
+
+def visible_of(spec: dict[str, Any]) -> str:
+    """The GPU and MIG UUIDs the spec's devices list (TESSERA_DEVICES_*), in order, each once, comma-separated."""
+    seen: list[str] = []
+    for i in range(len(spec["devices"])):
+        for key, value in device_env(spec, i).items():
+            if key.startswith("TESSERA_DEVICES_"):
+                seen += [v for v in value.split(",") if v not in seen]
+    return ",".join(seen)
+
+
 def simulated_mps(state: DeviceState) -> SimulatedMpsControl:
     assert isinstance(state.mps, SimulatedMpsControl)
     return state.mps

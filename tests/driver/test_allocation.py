@@ -317,7 +317,7 @@ def test_the_plan_lists_each_time_sliced_gpu_once_with_its_interval():
                        [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])  # fmt: skip
     plan = parse(claim)
     assert plan.time_slices == ((inventory().gpus[2].uuid, "Long"), (inventory().gpus[5].uuid, "Long"))
-    assert plan.mps is None
+    assert plan.mps_groups == ()
 
 
 def test_a_checkpoint_record_that_is_empty_is_not_allocated():

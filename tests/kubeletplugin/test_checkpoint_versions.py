@@ -7,6 +7,7 @@ history, so "a rollback can read what this build wrote" is checked against the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.checkpoint import FORMAT, CheckpointFromNewerBuild, ClaimState, encode
+from kubeletplugin.checkpoint import FORMAT, CheckpointFromNewerBuild, ClaimEntry, ClaimState, encode
 from kubeletplugin.checkpointstore import FILE_NAME, CheckpointStore
 from tests.builders.checkpoint import full_entry
 from tests.builders.claims import UID, share
@@ -55,21 +56,47 @@ def test_the_next_write_upgrades_the_file_and_keeps_it_readable_by_format_1(tmp_
     assert _previous_build_reads(path, tmp_path) == sorted([UID, UID2, "11111111-2222-4333-8444-555555555555"])
 
 
-def _previous_build_reads(path: Path, tmp_path: Path) -> list[str]:
-    """The claim uids the newest build before format 2 decodes from `path`: its own tree (git archive), run
-    in its own interpreter, so what is checked is the code a rollback would run."""
+def _previous_build_reads(path: Path, tmp_path: Path, marker: str = "READABLE_SINCE") -> list[str]:
+    """The claim uids an older build decodes from `path` (by default the newest one before format 2;
+    `marker` picks the newest build whose checkpoint.py lacks it), from its own tree (git archive) in
+    its own interpreter, so what is checked is the code a rollback would run. Its error, if it refuses."""
     from e2e.node.previous_build import NoPreviousBuild, extract, last_commit_without
 
     try:
-        tree = extract(last_commit_without("kubeletplugin/checkpoint.py", "READABLE_SINCE"), tmp_path / "previous")
+        tree = extract(last_commit_without("kubeletplugin/checkpoint.py", marker), tmp_path / f"previous-{marker}")
     except NoPreviousBuild as exc:
         pytest.skip(str(exc))
-    script = ("import json, sys; from kubeletplugin.checkpoint import decode; "
-              "print(json.dumps(sorted(decode(open(sys.argv[1], 'rb').read()))))")
-    out = subprocess.run([sys.executable, "-c", script, str(path)], cwd=tree, capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}).stdout
-    uids: list[str] = json.loads(out)
+    script = ("import json, sys; from kubeletplugin.checkpoint import decode\n"
+              "got = decode(open(sys.argv[1], 'rb').read())\n"
+              "print(json.dumps(sorted(got.entries if hasattr(got, 'entries') else got)))")
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=tree, capture_output=True, text=True,
+                          check=False, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr.strip().splitlines()[-1])
+    uids: list[str] = json.loads(proc.stdout)
     return uids
+
+
+def _two_daemons(uid: str) -> ClaimEntry:
+    first = full_entry(uid).mps_daemons[0]
+    second = dataclasses.replace(first, claim_uid=f"{uid}-mps1")
+    return dataclasses.replace(full_entry(uid), mps_daemons=(first, second))
+
+
+@pytest.mark.parametrize("marker", ["READABLE_SINCE", "SEVERAL_DAEMONS_SINCE"], ids=["format-1", "format-2"])
+def test_older_builds_read_claims_of_one_daemon_and_refuse_a_claim_of_two(tmp_path: Path, marker: str) -> None:
+    store = CheckpointStore(tmp_path / "state", boot_id="boot-a")
+    store.save({UID: full_entry(UID)})
+    assert json.loads(store.path.read_bytes())["version"] == 1
+    assert _previous_build_reads(store.path, tmp_path, marker) == [UID]
+    store.save({UID: full_entry(UID), UID2: _two_daemons(UID2)})
+    assert json.loads(store.path.read_bytes())["version"] == 3
+    # format 2 (the build before this one) keeps the file and stops; format 1 only says it cannot read it
+    refusal = "CheckpointFromNewerBuild: written by a newer tessera" if marker != "READABLE_SINCE" else \
+        "CheckpointError: version 3, this build reads version 1"
+    with pytest.raises(AssertionError, match=refusal):
+        _previous_build_reads(store.path, tmp_path, marker)
+    assert CheckpointStore(tmp_path / "state").load()[UID2].mps_daemons == _two_daemons(UID2).mps_daemons
 
 
 def test_a_file_from_a_newer_incompatible_build_is_kept_and_stops_the_agent(tmp_path: Path) -> None:

@@ -18,7 +18,17 @@ from kubeletplugin.checkpointstore import FILE_NAME
 from kubeletplugin.mps import mps_paths
 from kubeletplugin.state import DeviceState
 from tests.builders.claims import UID, gpu_config, inventory, result, share
-from tests.builders.state import UID2, Crash, crash_at, env_of, make_state, prepare, ref, simulated_mps, spec_of
+from tests.builders.state import (
+    UID2,
+    Crash,
+    crash_at,
+    make_state,
+    prepare,
+    ref,
+    simulated_mps,
+    spec_of,
+    visible_of,
+)
 
 MIG = "h100-16-mig"
 
@@ -65,7 +75,7 @@ def test_restore_recreates_every_vanished_instance_not_only_up_to_a_live_one(tmp
     assert report.migs_recreated == [UID]
     kept, recreated = restarted.prepared_claims()[UID].migs
     assert kept == first and restarted.mig.exists(recreated) and recreated.placement == second.placement
-    assert env_of(spec_of(restarted))["CUDA_VISIBLE_DEVICES"] == f"{first.uuid},{recreated.uuid}"
+    assert visible_of(spec_of(restarted)) == f"{first.uuid},{recreated.uuid}"
 
 
 def test_restore_of_a_dynamic_mig_share_under_mps_restarts_its_daemon_on_the_new_instance(tmp_path: Path) -> None:
@@ -278,3 +288,32 @@ def test_an_instance_on_a_gpu_without_a_mig_table_is_reported_with_the_gpu(tmp_p
     l4 = inventory("mixed").gpu_by_index(2)
     _put(state, migs=(dataclasses.replace(mig, gpu_uuid=l4.uuid, gpu_index=2, gpu_minor=2),))
     assert make_state(tmp_path, "mixed").recover().failed == {UID: "gpu-2: no MIG table for NVIDIA L4"}
+
+
+def test_a_claim_with_two_mps_daemons_gets_both_back_after_a_reboot(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    state.store.boot_id = "boot-a"
+    configs = [gpu_config(requests=("a",), strategy="MPS", mps={"activeThreadPercentage": 30}),
+               gpu_config(requests=("b",), strategy="MPS", mps={"activeThreadPercentage": 70})]  # fmt: skip
+    assert not prepare(state, [result("gpu-0", "a"), result("gpu-1", "b")], configs).error
+    simulated_mps(state).registry.unlink()  # the node rebooted: no daemon is left
+    restarted = make_state(tmp_path)
+    restarted.store.boot_id = "boot-b"
+    report = restarted.recover()
+    assert report.rebooted and report.mps_restarted == [UID] and not report.failed
+    daemons = simulated_mps(restarted).daemons()
+    assert sorted(daemons) == sorted([UID, f"{UID}-mps1"])
+    assert restarted.prepared_claims()[UID].mps_daemons == (daemons[UID], daemons[f"{UID}-mps1"])
+    assert (daemons[UID].active_thread_percentage, daemons[f"{UID}-mps1"].active_thread_percentage) == (30, 70)
+
+
+def test_the_daemon_of_a_second_mps_group_is_no_orphan_and_one_no_entry_records_is(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    configs = [gpu_config(requests=("a",), strategy="MPS", mps={"activeThreadPercentage": 30}),
+               gpu_config(requests=("b",), strategy="MPS")]  # fmt: skip
+    assert not prepare(state, [result("gpu-0", "a"), result("gpu-1", "b")], configs).error
+    stray = "0a9b8c7d-0000-4000-8000-0000000000ff-mps1"
+    simulated_mps(state).start(stray, ["GPU-x"], [1024], None)  # a crash left a second group's daemon of a gone claim
+    report = make_state(tmp_path).recover()
+    assert report.orphan_mps_stopped == [stray]
+    assert sorted(simulated_mps(state).daemons()) == sorted([UID, f"{UID}-mps1"])
