@@ -6,8 +6,8 @@ here, in this order, and a crash at any point is repaired (the two checkpoint wr
 are the only durable records; what happens between them is found again by recovery's orphan scans):
 
 prepare:   plan the claim (driver/allocation.py, pure) -> checkpoint entry `PrepareStarted` -> create
-           dynamic MIG instances -> write the CDI spec -> set time-slice intervals -> start the
-           claim's MPS daemon -> `PrepareCompleted`.
+           dynamic MIG instances -> write the CDI spec -> set time-slice intervals -> start an MPS
+           daemon per MPS group of the plan -> `PrepareCompleted`.
 unprepare: checkpoint entry `UnprepareStarted` -> stop MPS -> reset time-slice intervals -> destroy
            MIG instances -> delete the CDI spec -> drop the entry.
 

@@ -76,14 +76,15 @@ def sharing_findings(configs: list[DecodedConfig], request: str, body: Any, path
 
     applying = [c for c in configs if config_applies(c.requests, request)]
     class_configs = []
-    for entry in ((device_class or {}).get("spec") or {}).get("config") or []:
+    for entry in _list(_obj(_obj(device_class).get("spec")).get("config")):
         opaque = entry.get("opaque") if isinstance(entry, dict) else None
         if isinstance(opaque, dict) and opaque.get("driver") == DRIVER:
             try:
                 class_configs.append(decode_gpu_config(opaque.get("parameters"), "class config"))
             except ConfigError:
                 continue  # the class's own admission reports it
-    capacity = ((body.get("capacity") or {}).get("requests") or {}) if isinstance(body, dict) else {}
+    # a malformed request is reported by the request checks; here it only counts as no share
+    capacity = _obj(_obj(_obj(body).get("capacity")).get("requests"))
     share = "memory" in capacity or any(c.config.sharing.total_memory for c in applying)
     merged = merge_configs([*class_configs, *(c.config for c in applying)])
     try:
@@ -93,3 +94,11 @@ def sharing_findings(configs: list[DecodedConfig], request: str, body: Any, path
         where = f"{setting.path}.sharing.strategy" if setting is not None else path
         return [error(where, f'request "{request}": {exc.message}')]
     return []
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
