@@ -75,7 +75,6 @@ class SocketPaths:
     """
 
     kubelet_dir: Path
-    driver_name: str = DRIVER_NAME
     instance_id: str = ""
 
     @property
@@ -84,13 +83,13 @@ class SocketPaths:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.kubelet_dir / "plugins" / self.driver_name
+        return self.kubelet_dir / "plugins" / DRIVER_NAME
 
     @property
     def registration_socket(self) -> Path:
         if self.instance_id:
-            return self.registry_dir / f"{self.driver_name}-{self.instance_id}-reg.sock"
-        return self.registry_dir / f"{self.driver_name}-reg.sock"
+            return self.registry_dir / f"{DRIVER_NAME}-{self.instance_id}-reg.sock"
+        return self.registry_dir / f"{DRIVER_NAME}-reg.sock"
 
     @property
     def dra_socket(self) -> Path:
@@ -254,8 +253,8 @@ def remove_dead_sockets(paths: SocketPaths) -> list[Path]:
     from the moment its socket is renamed into place, since it listens before the rename.
     """
     candidates = [
-        *paths.registry_dir.glob(f"{paths.driver_name}-reg.sock"),
-        *paths.registry_dir.glob(f"{paths.driver_name}-*-reg.sock"),
+        *paths.registry_dir.glob(f"{DRIVER_NAME}-reg.sock"),
+        *paths.registry_dir.glob(f"{DRIVER_NAME}-*-reg.sock"),
         *paths.plugin_dir.glob("dra.sock"),
         *paths.plugin_dir.glob("dra-*.sock"),
     ]
