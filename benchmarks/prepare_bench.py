@@ -36,7 +36,8 @@ from driver.kubeapi import KubeAPI, Obj
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import UnixSocketServer
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.plugin import PluginConfig, build_device_state
+from kubeletplugin.plugin import build_device_state
+from kubeletplugin.pluginconfig import PluginConfig
 from kubeletplugin.state import DeviceState
 from proto.dra.v1 import api_pb2 as v1
 from proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -218,9 +219,9 @@ class StepTimer:
 @contextlib.contextmanager
 def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
     """Patch timing wrappers around the steps of a prepare/unprepare; everything is restored after."""
-    import kubeletplugin.claimdevices as devices_mod
+    import kubeletplugin.devicesteps as steps_mod
     import kubeletplugin.state as state_mod
-    from kubeletplugin.checkpoint import CheckpointStore
+    from kubeletplugin.checkpointstore import CheckpointStore
     from kubeletplugin.migmanager import SimulatedMigManager
     from kubeletplugin.mps import SimulatedMpsControl
 
@@ -228,10 +229,10 @@ def instrumented(api: KubeAPI, timer: StepTimer) -> Iterator[None]:
         (api, "get_resource_claim", "apiserver GET claim"),
         (CheckpointStore, "save", "checkpoint write (fsync)"),
         (CheckpointStore, "load", "checkpoint read"),
-        (state_mod, "parse_claim_allocation", "allocation + config parse"),
+        (state_mod, "plan_claim", "allocation + config parse"),
         (state_mod, "write_spec", "CDI spec write (fsync)"),
         (state_mod, "remove_spec", "CDI spec delete (fsync dir)"),
-        (devices_mod, "remove_spec", "CDI spec delete (fsync dir)"),
+        (steps_mod, "remove_spec", "CDI spec delete (fsync dir)"),
         (SimulatedMpsControl, "start", "MPS daemon start (fake)"),
         (SimulatedMpsControl, "stop", "MPS daemon stop (fake)"),
         (SimulatedMigManager, "create", "MIG create (simulated)"),

@@ -43,6 +43,7 @@ from typing import Any
 import structlog
 
 from controller.admission import ENDPOINTS, AdmissionHandler, ReviewError, Verdict
+from driver.jsondepth import json_depth
 
 log = structlog.get_logger(__name__)
 
@@ -341,19 +342,6 @@ def parse_json(raw: bytes) -> Any:
         raise ValueError(f"JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} an AdmissionReview "
                          "may have")
     return doc
-
-
-def json_depth(doc: Any) -> int:
-    deepest = 0
-    stack = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
 
 
 class ReviewSlots:

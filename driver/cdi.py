@@ -2,9 +2,19 @@
 
 One JSON file per claim (`gpu.tessera.dev-claim_<uid>.json`) in the CDI spec directory, written
 atomically because runtimes watch the directory and would pick up a half-written spec. A spec
-holds one CDI device per allocated device (its device nodes) plus claim-wide edits (control
-nodes, visible-device env, driver mounts, the claim's MPS pipe directory) that the runtime applies
-once whenever any device of the spec is injected.
+holds one CDI device per allocated device (its device nodes, its request's device list, the MPS
+pipe of its MPS group) plus claim-wide edits (control nodes, driver mounts) that the runtime
+applies once whenever any device of the spec is injected.
+
+Which GPUs a container sees is decided by the device nodes it gets, never by an environment
+variable. Kubelet passes a container the CDI ids of the claims (or the one request of a claim) it
+names, and the runtime merges their edits: device nodes add up, but an environment variable set
+by two specs keeps only the value applied last (the CDI library replaces it by name). So tessera
+sets no CUDA_VISIBLE_DEVICES, which would hide every other claim's GPUs from CUDA, and sets
+NVIDIA_VISIBLE_DEVICES to `void`, the same value in every spec, which keeps an NVIDIA runtime hook
+from adding GPUs of its own (CUDA images default it to `all`). Each request's devices are listed,
+for people and tools, in a variable named after the claim and the request
+(`TESSERA_DEVICES_<claim uid>_<request>`), so no claim's list replaces another's.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 SPEC_SUFFIX = ".json"
 
 CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+REQUEST_DEVICES_PREFIX = "TESSERA_DEVICES_"
 
 # Claim uids name files; anything but a plain token could climb out of the CDI directory.
 _CLAIM_UID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,126}[A-Za-z0-9])?\Z")
@@ -47,6 +59,8 @@ _MIG_CAP_PER_GPU = 15 * _MIG_CAP_PER_GI
 
 class CdiError(InvalidInputError):
     """A spec tessera refuses to write (bad claim uid, bad device name)."""
+
+    reason = "cdi"
 
 
 @dataclass(frozen=True)
@@ -119,8 +133,13 @@ class SpecDevice:
     """One CDI device of a claim spec."""
 
     name: str  # CDI device name, unique in the spec
-    visible_id: str  # GPU or MIG UUID, as CUDA_VISIBLE_DEVICES takes it
     edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+def request_devices_env(claim_uid: str, request: str, visible_ids: Sequence[str]) -> str:
+    """`TESSERA_DEVICES_<claim uid>_<request>=<id>,<id>`: one request's GPU or MIG UUIDs in allocation order."""
+    key = re.sub(r"[^A-Za-z0-9]", "_", f"{check_claim_uid(claim_uid)}_{request}").upper()
+    return f"{REQUEST_DEVICES_PREFIX}{key}={','.join(visible_ids)}"
 
 
 def check_claim_uid(uid: str) -> str:
@@ -208,7 +227,7 @@ def build_claim_spec(
     common: ContainerEdits | None = None,
     numbers: DeviceNumbers | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec of one claim; visible-device env lists the devices' UUIDs in the given order.
+    """The CDI spec of one claim; each device's edits carry its own nodes and env, see the module docstring.
 
     `numbers` only for nodes without real NVIDIA device nodes (simulation), see DeviceNumbers.
     """
@@ -219,17 +238,8 @@ def build_claim_spec(
     names = [d.name for d in devices]
     if len(set(names)) != len(names):
         raise CdiError(f"claim {claim_uid}: duplicate CDI device names {names}")
-    visible: list[str] = []
-    for d in devices:
-        if d.visible_id not in visible:
-            visible.append(d.visible_id)
-    ids = ",".join(visible)
     claim_edits = (
-        ContainerEdits(
-            env=(f"NVIDIA_VISIBLE_DEVICES={ids}", f"CUDA_VISIBLE_DEVICES={ids}"),
-            device_nodes=control_device_nodes(numbers),
-        )
-        + common
+        ContainerEdits(env=(f"{NVIDIA_VISIBLE_DEVICES}=void",), device_nodes=control_device_nodes(numbers)) + common
     )
     spec_devices = []
     for d in devices:

@@ -19,12 +19,14 @@ from typing import Any
 
 from driver import DRIVER_NAME
 from driver.errors import InvalidInputError
-from driver.quantity import parse_quantity
+from driver.names import base_request
+from driver.quantity import parse_quantity, quantity_bytes
 
 API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 KIND = "GpuConfig"
 
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+MIB = 1024 * 1024
 
 
 class Strategy(StrEnum):
@@ -36,6 +38,8 @@ class Strategy(StrEnum):
 class ConfigError(InvalidInputError):
     """A config value tessera cannot use; `field_path` points at it in the object the user wrote."""
 
+    reason = "config"
+
     def __init__(self, field_path: str, message: str) -> None:
         super().__init__(f"{field_path}: {message}")
         self.field_path = field_path
@@ -45,6 +49,7 @@ class ConfigError(InvalidInputError):
 @dataclass(frozen=True)
 class MpsSettings:
     active_thread_percentage: int | None = None
+    pinned_device_memory_limit: str | None = None  # a Kubernetes quantity, as written
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,10 @@ class GpuConfig:
             mps = MpsSettings(
                 b.mps.active_thread_percentage
                 if b.mps.active_thread_percentage is not None
-                else (mps.active_thread_percentage if mps else None)
+                else (mps.active_thread_percentage if mps else None),
+                b.mps.pinned_device_memory_limit
+                if b.mps.pinned_device_memory_limit is not None
+                else (mps.pinned_device_memory_limit if mps else None),
             )
         if b.time_slicing is not None:
             time_slicing = TimeSlicingSettings(
@@ -109,6 +117,7 @@ class EffectiveSharing:
     strategy: Strategy
     active_thread_percentage: int | None = None  # MPS only; None = every SM
     time_slice_interval: str = "Default"  # TimeSlicing only
+    pinned_memory_limit: int | None = None  # MPS only, bytes per device and client; None = what the device has
 
 
 # --- strict decoding --------------------------------------------------------------------------
@@ -207,13 +216,24 @@ def _decode_sharing(raw: object, path: str) -> SharingConfig:
 
 def _decode_mps(raw: object, path: str) -> MpsSettings:
     obj = _object(raw, path)
-    _check_fields(obj, ("activeThreadPercentage",), path)
+    _check_fields(obj, ("activeThreadPercentage", "pinnedDeviceMemoryLimit"), path)
     value = obj.get("activeThreadPercentage")
-    if value is None:
-        return MpsSettings()
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100):
         raise ConfigError(f"{path}.activeThreadPercentage", f"must be an integer from 1 to 100, got {_show(value)}")
-    return MpsSettings(value)
+    limit = obj.get("pinnedDeviceMemoryLimit")
+    if limit is not None:
+        try:
+            amount = parse_quantity(limit)
+        except ValueError:
+            raise ConfigError(
+                f"{path}.pinnedDeviceMemoryLimit", f"must be a Kubernetes quantity such as 10Gi, got {_show(limit)}"
+            ) from None
+        if amount.sign() <= 0 or quantity_bytes(str(limit)) < MIB:
+            raise ConfigError(
+                f"{path}.pinnedDeviceMemoryLimit", f"must be at least 1Mi (MPS's smallest limit), got {_show(limit)}"
+            )
+        limit = str(limit)
+    return MpsSettings(value, limit)
 
 
 def _decode_time_slicing(raw: object, path: str) -> TimeSlicingSettings:
@@ -234,8 +254,7 @@ def config_applies(config_requests: tuple[str, ...], request: str) -> bool:
     """Whether a config entry with `requests` covers an allocation result for `request` ("req" or "req/sub")."""
     if not config_requests:
         return True
-    base = request.split("/", 1)[0]
-    return request in config_requests or base in config_requests
+    return request in config_requests or base_request(request) in config_requests
 
 
 def merge_configs(configs: list[GpuConfig]) -> GpuConfig:
@@ -270,7 +289,12 @@ def resolve_sharing(config: GpuConfig, *, memory_share: bool, mig: bool, where: 
         )
     effective = EffectiveSharing(strategy)
     if strategy == Strategy.MPS and sharing.mps is not None:
-        effective = replace(effective, active_thread_percentage=sharing.mps.active_thread_percentage)
+        limit = sharing.mps.pinned_device_memory_limit
+        effective = replace(
+            effective,
+            active_thread_percentage=sharing.mps.active_thread_percentage,
+            pinned_memory_limit=quantity_bytes(limit) if limit is not None else None,
+        )
     if strategy == Strategy.TIME_SLICING and sharing.time_slicing is not None:
         effective = replace(effective, time_slice_interval=sharing.time_slicing.interval or "Default")
     return effective

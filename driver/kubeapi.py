@@ -22,10 +22,12 @@ RESOURCE_VERSION = "v1"
 class ApiError(TesseraError):
     """An apiserver answer other than success; `status` is the HTTP code (0 when unreachable)."""
 
-    def __init__(self, status: int, reason: str, message: str = "") -> None:
-        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+    reason = "apiserver"
+
+    def __init__(self, status: int, http_reason: str, message: str = "") -> None:
+        super().__init__(f"{status} {http_reason}: {message}" if message else f"{status} {http_reason}")
         self.status = status
-        self.reason = reason
+        self.http_reason = http_reason  # the HTTP reason phrase ("Not Found"); `reason` is the metric label
         self.message = message
 
     @property

@@ -23,6 +23,11 @@ _LABEL_VALUE_MAX = 63
 _SLICE_INDEX_DIGITS = 3
 
 
+def base_request(request: str) -> str:
+    """The request a container names for an allocation result: "req/sub" (a firstAvailable subrequest) -> "req"."""
+    return request.split("/", 1)[0]
+
+
 def gpu_device_name(index: int) -> str:
     """`gpu-<index>`: the device that stands for a whole GPU."""
     if index < 0:

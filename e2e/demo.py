@@ -164,7 +164,7 @@ def _seen_inside(started: StartedPod) -> str:
     for name, view in started.views.items():
         gpu_nodes = [d.removeprefix("/dev/") for d in view.devices if d[len("/dev/nvidia"):][:1].isdigit()
                      or d.startswith("/dev/nvidia-caps/")]
-        lines.append(f"{name}: CUDA_VISIBLE_DEVICES={_short(view.visible)}")
+        lines.append(f"{name}: GPUs {_short(view.visible)}")
         lines.append(f"  /dev: {' '.join(gpu_nodes) or '-'}" + (f"  MPS pipe: {view.mps_dir}" if view.mps_dir else ""))
     return "\n".join(lines)
 

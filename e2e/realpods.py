@@ -25,7 +25,7 @@ REAL_NODE_TAINT = f"{REAL_NODE_TAINT_KEY}=true:NoSchedule"
 BEGIN, END = "=== tessera probe begin ===", "=== tessera probe end ==="
 PROBE_SCRIPT = (
     f'echo "{BEGIN}"; '
-    "env | grep -E '^(CUDA|NVIDIA)_' | sort | sed 's/^/env /'; "
+    "env | grep -E '^(CUDA|NVIDIA|TESSERA)_' | sort | sed 's/^/env /'; "
     "for d in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$d\" ] && echo \"dev $d\"; done; "
     "if [ -d /tmp/nvidia-mps ]; then echo \"mps-dir /tmp/nvidia-mps\"; "
     "for f in /tmp/nvidia-mps/*; do [ -e \"$f\" ] && echo \"mps-file $f\"; done; fi; "
@@ -69,8 +69,15 @@ class ContainerView:
 
     @property
     def visible(self) -> list[str]:
-        value = self.env.get("CUDA_VISIBLE_DEVICES", "")
-        return value.split(",") if value else []
+        """The GPU and MIG UUIDs tessera's specs gave the container: the TESSERA_DEVICES_<claim>_<request>
+        lists (one per claim and request; the device nodes are what makes them visible to CUDA)."""
+        out: list[str] = []
+        for key in sorted(self.env):
+            if key.startswith("TESSERA_DEVICES_") and self.env[key]:
+                out += [v for v in self.env[key].split(",") if v not in out]
+        if not out and self.env.get("CUDA_VISIBLE_DEVICES"):  # a spec an older build wrote (rollback tests)
+            out = self.env["CUDA_VISIBLE_DEVICES"].split(",")
+        return out
 
 
 def parse_report(log: str) -> ContainerView | None:

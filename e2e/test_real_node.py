@@ -80,7 +80,8 @@ def test_whole_gpu_seen_from_inside_and_by_podresources(kube: Kube, real_dgx: Re
     view = started.views["probe"]
     c = _claim_of(kube, started)
     assert view.visible == _uuids(kube, real_dgx, c)
-    assert view.env["NVIDIA_VISIBLE_DEVICES"] == view.env["CUDA_VISIBLE_DEVICES"]
+    # CUDA sees what the device nodes give it; no variable narrows it, and an NVIDIA hook adds nothing
+    assert view.env["NVIDIA_VISIBLE_DEVICES"] == "void" and "CUDA_VISIBLE_DEVICES" not in view.env
     device = c["status"]["allocation"]["devices"]["results"][0]["device"]
     minor = int(re.sub(r"\D", "", device))
     assert f"/dev/nvidia{minor}" in view.devices and "/dev/nvidiactl" in view.devices
@@ -202,21 +203,23 @@ def test_plugin_restarted_while_pod_admitted(kube: Kube, real_a100: RealNode, na
     assert started.views["probe"].visible
 
 
-def test_failed_prepare_shows_tessera_message_in_pod_events(kube: Kube, real_a100: RealNode, namespace: str) -> None:
-    # One MPS daemon serves a claim: an MPS share plus an exclusive GPU in one claim cannot be prepared.
-    spec = claim_spec(request("share", memory="5Gi"), request("whole"))
-    kube.create(claim_template("mixed", namespace, spec))
-    kube.create(probe_pod("mixed", namespace, real_a100.name, templates={"gpu": "mixed"}))
+def test_failed_prepare_shows_tessera_message_in_pod_events(kube: Kube, real_dgx: RealNode, namespace: str) -> None:
+    # Whether a device is a MIG instance is known only once allocated: time-slicing one fails at prepare.
+    spec = claim_spec(request(device_class=f"mig.{DRIVER}",
+                              selectors=[f'device.attributes["{DRIVER}"].profile == "1g.10gb"']),
+                      config=time_slicing_config())
+    kube.create(claim_template("sliced-mig", namespace, spec))
+    kube.create(probe_pod("sliced-mig", namespace, real_dgx.name, templates={"gpu": "sliced-mig"}))
 
     def event() -> str | None:
         for e in kube.list("Event", namespace):
-            if e["involvedObject"].get("name") == "mixed" and "strategy" in e.get("message", ""):
+            if e["involvedObject"].get("name") == "sliced-mig" and "time-sliced" in e.get("message", ""):
                 return str(e["message"])
         return None
 
     message = wait_for(event, timeout=90, what="kubelet's event with tessera's prepare error")
-    assert "MPS" in message and "separate claim" in message
-    assert kube.get("Pod", "mixed", namespace)["status"].get("phase") == "Pending"
+    assert "MIG devices cannot be time-sliced; use Exclusive or MPS for MIG devices" in message
+    assert kube.get("Pod", "sliced-mig", namespace)["status"].get("phase") == "Pending"
 
 
 @pytest.fixture(autouse=True)

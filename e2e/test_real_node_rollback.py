@@ -19,6 +19,7 @@ from e2e.node.realnode import RealNode
 from e2e.processes import wait_for
 from e2e.realpods import cdi_specs, mps_daemons, probe_pod, wait_reported
 from e2e.workloads import claim_spec, claim_template, delete_pods, pod_claim_name, request
+from kubeletplugin.checkpoint import FORMAT
 
 
 def _claim_uid(kube: Kube, namespace: str, pod: str) -> str:
@@ -59,7 +60,7 @@ def test_rollback_to_format_1_and_forward_keeps_every_claim(
     kube.create(claim_template("share", namespace, claim_spec(request(memory="4Gi"))))
     first = _run(kube, real_a100, namespace, "before-rollback")
     second = _run(kube, real_a100, namespace, "kept-across")
-    assert json.loads(checkpoint.read_bytes())["format"] == 2
+    assert json.loads(checkpoint.read_bytes())["format"] == FORMAT
     kept_container = _container_id(kube, namespace, "kept-across")
     try:
         # Roll back: the format-1 build reads the format-2 file, and can release a claim prepared by format 2.
@@ -83,4 +84,4 @@ def test_rollback_to_format_1_and_forward_keeps_every_claim(
     delete_pods(kube, namespace)
     wait_for(lambda: _unprepared(real_a100, second) and _unprepared(real_a100, third), timeout=60,
              what="this build to unprepare claims prepared before and during the rollback")
-    assert json.loads(checkpoint.read_bytes())["format"] == 2
+    assert json.loads(checkpoint.read_bytes())["format"] == FORMAT

@@ -78,7 +78,8 @@ def test_whole_gpu_pod_is_allocated_prepared_and_injectable(
     assert not injected.get("unresolved")
     spec = injected["ociSpec"]
     env = spec["process"].get("env", [])
-    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in env), env
+    assert "NVIDIA_VISIBLE_DEVICES=void" in env and not [e for e in env if e.startswith("CUDA_VISIBLE_DEVICES=")], env
+    assert any(e.startswith("TESSERA_DEVICES_") for e in env), env
     assert spec["linux"].get("devices"), "no device nodes injected"
 
     # Deleting the pod unprepares the claim and removes its CDI spec.

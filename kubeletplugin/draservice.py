@@ -28,6 +28,7 @@ import structlog
 from driver import DRIVER_NAME
 from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
+from driver.names import base_request
 from kubeletplugin.kubeletclaims import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
 from proto.dra.v1 import api_pb2 as v1
@@ -57,14 +58,11 @@ class ClaimPreparer(Protocol):
 
 
 @dataclass(frozen=True)
-class ClaimFailure(TesseraError):
-    """A per-claim failure found before DeviceState was asked: the text kubelet shows, and a metric reason."""
+class ClaimFailure:
+    """Why one claim was not prepared or unprepared: the text kubelet shows, and the metric's reason label."""
 
     message: str
     reason: str
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def describe_get_error(ref: ClaimRef, exc: ApiError) -> ClaimFailure:
@@ -77,71 +75,82 @@ def describe_get_error(ref: ClaimRef, exc: ApiError) -> ClaimFailure:
         return ClaimFailure(f"{what}: apiserver unreachable{detail}, kubelet will retry", "apiserver")
     if exc.status in (401, 403):
         return ClaimFailure(
-            f"{what}: apiserver answered {exc.status} {exc.reason}: the plugin's service account needs "
+            f"{what}: apiserver answered {exc.status} {exc.http_reason}: the plugin's service account needs "
             "'get' on resourceclaims.resource.k8s.io",
             "forbidden",
         )
     if exc.retryable:
-        return ClaimFailure(f"{what}: apiserver answered {exc.status} {exc.reason}, kubelet will retry", "apiserver")
+        return ClaimFailure(f"{what}: apiserver answered {exc.status} {exc.http_reason}, kubelet will retry",
+                            "apiserver")  # fmt: skip
     return ClaimFailure(f"{what}: apiserver answered {exc}", "apiserver")
 
 
-def check_claim(
-    ref: ClaimRef, claim: dict[str, Any], *, driver_name: str = DRIVER_NAME, pool: str | None = None
-) -> None:
-    """Raise ClaimFailure when the fetched claim is not the allocated claim kubelet asked about.
+def check_claim(ref: ClaimRef, claim: Any, *, pool: str | None = None) -> ClaimFailure | None:
+    """Why the fetched claim is not the allocated claim kubelet asked about, or None when it is.
 
     An allocation without a single device of this driver (in this node's pool, when `pool` is given)
     is refused too: answering "no devices" would start the pod without the GPUs it asked for.
     """
     what = f"ResourceClaim {ref.namespace}/{ref.name}"
     if not isinstance(claim, dict):
-        raise ClaimFailure(f"{what}: the apiserver answered a {type(claim).__name__}, not an object", "malformed")
-    uid = str(_object(claim, "metadata", what).get("uid", ""))
+        return ClaimFailure(f"{what}: the apiserver answered a {type(claim).__name__}, not an object", "malformed")
+    metadata = _object(claim, "metadata", what)
+    if isinstance(metadata, ClaimFailure):
+        return metadata
+    uid = str(metadata.get("uid", ""))
     if uid != ref.uid:
-        raise ClaimFailure(
-            f"ResourceClaim {ref.namespace}/{ref.name} has uid {uid or '<none>'} but kubelet asked for uid "
-            f"{ref.uid}: the claim was deleted and re-created; nothing was prepared",
+        return ClaimFailure(
+            f"{what} has uid {uid or '<none>'} but kubelet asked for uid {ref.uid}: the claim was deleted and "
+            "re-created; nothing was prepared",
             "claim_replaced",
         )
-    allocation = _object(_object(claim, "status", what), "allocation", f"{what} status")
+    status = _object(claim, "status", what)
+    if isinstance(status, ClaimFailure):
+        return status
+    allocation = _object(status, "allocation", f"{what} status")
+    if isinstance(allocation, ClaimFailure):
+        return allocation
     if not allocation:
-        raise ClaimFailure(
-            f"ResourceClaim {ref.namespace}/{ref.name} is not allocated (status.allocation is empty); "
-            "nothing was prepared",
-            "not_allocated",
-        )
-    results = _object(allocation, "devices", f"{what} status.allocation").get("results") or []
+        return ClaimFailure(f"{what} is not allocated (status.allocation is empty); nothing was prepared",
+                            "not_allocated")  # fmt: skip
+    devices = _object(allocation, "devices", f"{what} status.allocation")
+    if isinstance(devices, ClaimFailure):
+        return devices
+    return _check_results(ref, devices.get("results") or [], pool)
+
+
+def _check_results(ref: ClaimRef, results: Any, pool: str | None) -> ClaimFailure | None:
+    what = f"ResourceClaim {ref.namespace}/{ref.name}"
     if not isinstance(results, list):
-        raise ClaimFailure(f"{what}: status.allocation.devices.results must be a list, got "
-                           f"{type(results).__name__}; nothing was prepared", "malformed")
+        return ClaimFailure(f"{what}: status.allocation.devices.results must be a list, got "
+                            f"{type(results).__name__}; nothing was prepared", "malformed")  # fmt: skip
     results = [r for r in results if isinstance(r, dict)]
-    mine = [r for r in results if r.get("driver") == driver_name]
+    mine = [r for r in results if r.get("driver") == DRIVER_NAME]
     if not mine:
         others = sorted({str(r.get("driver")) for r in results}) or ["no driver at all"]
-        raise ClaimFailure(
-            f"ResourceClaim {ref.namespace}/{ref.name} has no device allocated by {driver_name} (its devices "
-            f"come from: {', '.join(others)}); nothing was prepared",
+        return ClaimFailure(
+            f"{what} has no device allocated by {DRIVER_NAME} (its devices come from: {', '.join(others)}); "
+            "nothing was prepared",
             "not_this_driver",
         )
     if pool is not None and not any(r.get("pool") == pool for r in mine):
         pools = sorted({str(r.get("pool")) for r in mine})
-        raise ClaimFailure(
-            f"ResourceClaim {ref.namespace}/{ref.name} has {driver_name} devices only in pool(s) "
-            f"{', '.join(pools)}, none on this node (pool {pool}); the pod was placed on the wrong node, "
-            "delete it so it is scheduled again",
+        return ClaimFailure(
+            f"{what} has {DRIVER_NAME} devices only in pool(s) {', '.join(pools)}, none on this node (pool "
+            f"{pool}); the pod was placed on the wrong node, delete it so it is scheduled again",
             "not_this_node",
         )
+    return None
 
 
-def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any] | ClaimFailure:
     """parent[key] as an object ({} when absent or null); anything else is a malformed claim."""
     value = parent.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ClaimFailure(f"{where}: {key} must be an object, got {type(value).__name__}; nothing was prepared",
-                           "malformed")
+        return ClaimFailure(f"{where}: {key} must be an object, got {type(value).__name__}; nothing was prepared",
+                            "malformed")  # fmt: skip
     return value
 
 
@@ -149,40 +158,45 @@ _GERUND = {"prepare": "preparing", "unprepare": "unpreparing"}
 
 
 def claim_failure(operation: str, ref: ClaimRef, exc: Exception) -> ClaimFailure:
-    """The answer kubelet gets for a claim whose `operation` raised `exc`; the one place that logs it.
+    """The answer kubelet gets for a claim whose `operation` raised `exc`; logged here.
 
-    A TesseraError's text is already written for the user; a failing disk (OSError) fails the claim
-    alone and kubelet retries; anything else is a bug: an internal error, logged with its traceback.
-    Call it from the `except` block, so that the traceback is at hand.
+    A TesseraError's text is already written for the user, and its class names the reason; a
+    failing disk (OSError) fails the claim alone and kubelet retries; anything else is a bug: an
+    internal error, logged with its traceback. Call it from the `except` block, so that the
+    traceback is at hand.
     """
     claim = f"{ref.namespace}/{ref.name}"
     bound = log.bind(claim_uid=ref.uid, claim=claim)
     event = f"claim not {operation}d"
-    if isinstance(exc, ClaimFailure):
-        bound.warning(event, error=exc.message)
-        return exc
     if isinstance(exc, TesseraError):
-        bound.warning(event, error=str(exc))
-        return ClaimFailure(str(exc), operation)
+        bound.warning(event, error=str(exc), reason=exc.reason)
+        return ClaimFailure(str(exc), exc.reason)
     if isinstance(exc, OSError):
         # the node's disk (full, read-only, failing)
         if operation == "prepare":
             where = f" ({exc.filename})" if exc.filename else ""
             text = f"cannot prepare claim {claim}: {exc.strerror or exc}{where}; kubelet will retry"
-            bound.error(event, error=text)
+            bound.error(event, error=text, reason="disk")
         else:
             text = str(exc)
-            bound.warning(event, error=text)
-        return ClaimFailure(text, operation)
+            bound.warning(event, error=text, reason="disk")
+        return ClaimFailure(text, "disk")
     bound.exception(f"{operation} failed unexpectedly")
     return ClaimFailure(f"internal error {_GERUND[operation]} ResourceClaim {claim}: {exc}", "internal")
+
+
+def _report(operation: str, ref: ClaimRef, failure: ClaimFailure) -> ClaimFailure:
+    """Log a failure found before DeviceState was asked (the claim as fetched, or the apiserver)."""
+    log.warning(f"claim not {operation}d", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                error=failure.message, reason=failure.reason)  # fmt: skip
+    return failure
 
 
 def base_request_names(names: Sequence[str]) -> list[str]:
     """Containers reference the main request, so "req/sub" must go back to kubelet as "req" (deduplicated)."""
     out: list[str] = []
     for name in names:
-        base = name.split("/", 1)[0]
+        base = base_request(name)
         if base not in out:
             out.append(base)
     return out
@@ -197,13 +211,11 @@ class DraService:
         state: ClaimPreparer,
         *,
         metrics: PluginMetrics | None = None,
-        driver_name: str = DRIVER_NAME,
         pool: str | None = None,
         max_parallel: int = 8,
         deadline_margin: float = DEADLINE_MARGIN_S,
     ) -> None:
         self._api = api
-        self._driver = driver_name
         self._pool_name = pool
         self._state = state
         self._metrics = metrics
@@ -270,48 +282,50 @@ class DraService:
     # -- one claim -----------------------------------------------------------------------------
     def _prepare_one(self, ref: ClaimRef, abandoned: threading.Event) -> PrepareResult:
         start = time.monotonic()
-        reason = ""
-        try:
+        outcome: PrepareResult | ClaimFailure | dict[str, Any] = self._fetch(ref, abandoned)
+        if isinstance(outcome, dict):
             try:
-                claim = self._api.get_resource_claim(ref.namespace, ref.name)
-            except ApiError as exc:
-                raise describe_get_error(ref, exc) from exc
-            if abandoned.is_set():
-                raise ClaimFailure(
-                    f"cannot read ResourceClaim {ref.namespace}/{ref.name}: apiserver did not answer before "
-                    "kubelet's deadline, kubelet will retry",
-                    "deadline",
-                )
-            check_claim(ref, claim, driver_name=self._driver, pool=self._pool_name)
-            result = self._state.prepare(ref, claim)
+                outcome = self._state.prepare(ref, outcome)
+            except Exception as exc:
+                outcome = claim_failure("prepare", ref, exc)
+        if self._metrics is not None and not abandoned.is_set():
+            reason = outcome.reason if isinstance(outcome, ClaimFailure) else ""
+            self._metrics.observe_claim("prepare", time.monotonic() - start, reason)
+        if isinstance(outcome, ClaimFailure):
+            return PrepareResult(error=outcome.message)
+        log.info("claim prepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                 devices=[d.device_name for d in outcome.devices])  # fmt: skip
+        return outcome
+
+    def _fetch(self, ref: ClaimRef, abandoned: threading.Event) -> dict[str, Any] | ClaimFailure:
+        """The claim kubelet means, as the apiserver has it, or why it cannot be prepared."""
+        try:
+            claim = self._api.get_resource_claim(ref.namespace, ref.name)
+        except ApiError as exc:
+            return _report("prepare", ref, describe_get_error(ref, exc))
         except Exception as exc:
-            failure = claim_failure("prepare", ref, exc)
-            reason = failure.reason
-            return PrepareResult(error=failure.message)
-        else:
-            log.info("claim prepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
-                     devices=[d.device_name for d in result.devices])  # fmt: skip
-            return result
-        finally:
-            if self._metrics is not None and not abandoned.is_set():
-                self._metrics.observe_claim("prepare", time.monotonic() - start, reason)
+            return claim_failure("prepare", ref, exc)
+        if abandoned.is_set():
+            return _report("prepare", ref, ClaimFailure(
+                f"cannot read ResourceClaim {ref.namespace}/{ref.name}: apiserver did not answer before "
+                "kubelet's deadline, kubelet will retry", "deadline"))  # fmt: skip
+        failure = check_claim(ref, claim, pool=self._pool_name)
+        return claim if failure is None else _report("prepare", ref, failure)
 
     def _unprepare_one(self, ref: ClaimRef, abandoned: threading.Event) -> str:
         start = time.monotonic()
-        reason = ""
+        failure: ClaimFailure | None = None
         try:
             # No GET: the claim may already be gone from the apiserver; DeviceState works from its checkpoint.
             self._state.unprepare(ref)
         except Exception as exc:
             failure = claim_failure("unprepare", ref, exc)
-            reason = failure.reason
+        if self._metrics is not None and not abandoned.is_set():
+            self._metrics.observe_claim("unprepare", time.monotonic() - start, failure.reason if failure else "")
+        if failure is not None:
             return failure.message
-        else:
-            log.info("claim unprepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
-            return ""
-        finally:
-            if self._metrics is not None and not abandoned.is_set():
-                self._metrics.observe_claim("unprepare", time.monotonic() - start, reason)
+        log.info("claim unprepared", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}")
+        return ""
 
     # -- gRPC ----------------------------------------------------------------------------------
     def add_to(self, server: grpc.Server) -> None:

@@ -20,6 +20,8 @@ from driver.errors import NodeStateError
 class UnsafeDirectoryError(NodeStateError):
     """A state or CDI directory others could write; the message names the path and the fix."""
 
+    reason = "unsafe_directory"
+
 
 def require_private_dir(path: Path, flag: str) -> None:
     """Create `path` (0755) when missing; raise UnsafeDirectoryError unless it is ours and only we may write it."""

@@ -49,6 +49,8 @@ ServicerRegistrar = Callable[[grpc.Server], None]
 class SocketError(TesseraError):
     """A socket path that cannot be served: too long, not absolute, occupied by a non-socket, or bind failed."""
 
+    reason = "socket"
+
 
 INSTANCE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 
@@ -73,7 +75,6 @@ class SocketPaths:
     """
 
     kubelet_dir: Path
-    driver_name: str = DRIVER_NAME
     instance_id: str = ""
 
     @property
@@ -82,13 +83,13 @@ class SocketPaths:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.kubelet_dir / "plugins" / self.driver_name
+        return self.kubelet_dir / "plugins" / DRIVER_NAME
 
     @property
     def registration_socket(self) -> Path:
         if self.instance_id:
-            return self.registry_dir / f"{self.driver_name}-{self.instance_id}-reg.sock"
-        return self.registry_dir / f"{self.driver_name}-reg.sock"
+            return self.registry_dir / f"{DRIVER_NAME}-{self.instance_id}-reg.sock"
+        return self.registry_dir / f"{DRIVER_NAME}-reg.sock"
 
     @property
     def dra_socket(self) -> Path:
@@ -252,8 +253,8 @@ def remove_dead_sockets(paths: SocketPaths) -> list[Path]:
     from the moment its socket is renamed into place, since it listens before the rename.
     """
     candidates = [
-        *paths.registry_dir.glob(f"{paths.driver_name}-reg.sock"),
-        *paths.registry_dir.glob(f"{paths.driver_name}-*-reg.sock"),
+        *paths.registry_dir.glob(f"{DRIVER_NAME}-reg.sock"),
+        *paths.registry_dir.glob(f"{DRIVER_NAME}-*-reg.sock"),
         *paths.plugin_dir.glob("dra.sock"),
         *paths.plugin_dir.glob("dra-*.sock"),
     ]

@@ -4,7 +4,6 @@ shared by DeviceState and the gRPC layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -25,25 +24,6 @@ class PreparedDevice:
     device_name: str
     cdi_device_ids: tuple[str, ...]
     share_id: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "requestNames": list(self.request_names),
-            "poolName": self.pool_name,
-            "deviceName": self.device_name,
-            "cdiDeviceIDs": list(self.cdi_device_ids),
-            "shareID": self.share_id,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PreparedDevice:
-        return cls(
-            request_names=tuple(str(r) for r in data["requestNames"]),
-            pool_name=str(data["poolName"]),
-            device_name=str(data["deviceName"]),
-            cdi_device_ids=tuple(str(c) for c in data["cdiDeviceIDs"]),
-            share_id=str(data.get("shareID", "")),
-        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from driver.allocation import MigKey
 from driver.atomicfile import write_atomic
 from driver.errors import DeviceError
 from driver.mig import MigProfile, layout_for
@@ -31,6 +32,8 @@ MIB = 1024 * 1024
 class MigError(DeviceError):
     """A MIG instance could not be created or destroyed."""
 
+    reason = "mig"
+
 
 @dataclass(frozen=True)
 class CreatedMig:
@@ -43,6 +46,10 @@ class CreatedMig:
     gpu_instance_id: int
     compute_instance_id: int
     uuid: str  # "MIG-..."
+
+    @property
+    def key(self) -> MigKey:
+        return MigKey(self.gpu_uuid, self.profile, self.placement)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,7 +1,10 @@
-"""One MPS control daemon per claim: where tessera's memory shares are enforced.
+"""MPS control daemons, one per MPS group of a claim: where tessera's memory shares are enforced.
 
 Each claim with shared cards gets its own `nvidia-cuda-mps-control` daemon with its own pipe,
-log and shm directories under the state dir. The daemon sees only the claim's GPUs
+log and shm directories under the state dir, named by the daemon's id: the claim's uid (its first
+MPS group, and for most claims the only one), `<claim uid>-mps<n>` for further groups of a claim
+whose requests use different MPS settings (driver.allocation.MpsGroup). Where a parameter or field
+says `claim_uid`, it is that id. The daemon sees only the claim's GPUs
 (CUDA_VISIBLE_DEVICES, in the same order as the container's visible devices) and gets a pinned
 device memory limit per card, indexed by position in that list, set server-side through the
 control pipe: the container never sees the limit in its own environment, so it cannot raise it.
@@ -39,6 +42,8 @@ MPS_DAEMON_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 class MpsError(DeviceError):
     """An MPS daemon could not be started, configured or stopped."""
+
+    reason = "mps"
 
 
 def limit_mib(limit_bytes: int) -> int:

@@ -29,6 +29,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -68,6 +69,55 @@ class ClaimLocks:
     def node(self) -> AbstractContextManager[None]:
         """Exclusive use of every claim on this node: no prepare or unprepare runs anywhere meanwhile."""
         return self._hold(0, 0)  # length 0: from byte 0 to the end of any file
+
+
+@dataclass
+class _LockSlot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0  # threads holding or waiting for the lock; guarded by ClaimLockTable._guard
+
+
+class ClaimLockTable:
+    """One lock per claim, in this process and (through ClaimLocks) on the node.
+
+    Threads queue on the in-process lock first, so each process holds at most one file lock per
+    claim. Whoever holds it reads the claim's checkpoint entry afresh, so a claim the other
+    instance prepared meanwhile is answered from its entry, never prepared twice. A claim's
+    in-process lock lives only while someone holds or waits for it, so the table stays as small as
+    the number of claims in flight (kubelet may name any number of UIDs).
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        # the other instance of a rolling update prepares on the same node from the same checkpoint
+        self.node_locks = ClaimLocks(state_dir)
+        self._slots: dict[str, _LockSlot] = {}
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, uid: str, *, across_instances: bool = True) -> Iterator[None]:
+        """Hold the claim's lock; `across_instances=False` when the caller already holds the node lock."""
+        with self._guard:
+            slot = self._slots.get(uid)
+            if slot is None:
+                slot = self._slots[uid] = _LockSlot()
+            slot.users += 1
+        try:
+            with slot.lock, self.node_locks.claim(uid) if across_instances else contextlib.nullcontext():
+                yield
+        finally:
+            with self._guard:
+                slot.users -= 1
+                if slot.users == 0:
+                    del self._slots[uid]
+
+    def in_use(self) -> dict[str, int]:
+        """Per claim whose lock is held or awaited in this process, how many threads hold or await it."""
+        with self._guard:
+            return {uid: slot.users for uid, slot in self._slots.items()}
+
+    def node(self) -> AbstractContextManager[None]:
+        """Every claim's lock on the node at once (recovery)."""
+        return self.node_locks.node()
 
 
 class SharedFileLock:

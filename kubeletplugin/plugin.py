@@ -16,22 +16,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from driver import DRIVER_NAME
-from driver.errors import InvalidInputError, TesseraError
-from driver.health import HealthPolicy
+from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
 from driver.model import Inventory
 from driver.nvmlevents import NvmlEventSource
 from driver.shutdown import restore_handlers, stop_on_signals
-from driver.slices import MIG_STRATEGIES
 from kubeletplugin.draservice import DraService
-from kubeletplugin.grpcservers import SocketError, SocketPaths, UnixSocketServer, remove_dead_sockets
+from kubeletplugin.grpcservers import UnixSocketServer, remove_dead_sockets
 from kubeletplugin.health import (
     DRAResourceHealthServicer,
     FileHealthSource,
@@ -42,8 +39,9 @@ from kubeletplugin.health import (
 from kubeletplugin.healthlog import EVENT_LOG_FILE, EventLogSource
 from kubeletplugin.healthmonitor import HealthMonitor
 from kubeletplugin.instances import InstanceMembership, PublisherLeadership
-from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus, parse_listen_address
+from kubeletplugin.metrics import MetricsServer, PluginMetrics, PublisherStatus
 from kubeletplugin.nodelabels import settings_from_labels
+from kubeletplugin.pluginconfig import PluginConfig, PluginConfigError
 from kubeletplugin.registration import RegistrationServicer, RegistrationStatus
 
 if TYPE_CHECKING:
@@ -54,70 +52,6 @@ log = structlog.get_logger(__name__)
 
 SIMULATED_HEALTH_FILE = "simulated-health.json"
 HEALTH_CONDITIONS_FILE = "health-conditions.json"
-
-
-class PluginConfigError(InvalidInputError):
-    """A command-line setting that cannot work; the message names the flag and the fix."""
-
-
-@dataclass(frozen=True)
-class PluginConfig:
-    """Everything `tessera kubelet-plugin` takes from its flags."""
-
-    node_name: str
-    kubelet_dir: Path = Path("/var/lib/kubelet")
-    cdi_dir: Path = Path("/var/run/cdi")
-    state_dir: Path = Path("/var/lib/tessera")
-    cdi_driver_root: Path | None = None
-    cdi_host_driver_root: str | None = None  # the driver root's path on the host, when it differs
-    simulate: str | None = None
-    nvml: bool = False
-    mig_strategy: str = "static"
-    metrics_addr: str = ":9400"
-    cleanup_on_exit: bool = False
-    kubeconfig: str | None = None
-    stop_grace: float = 10.0  # seconds the DRA server gives in-flight calls at shutdown
-    # names this process's sockets; empty: the fixed names, for a plugin that never overlaps another
-    instance_id: str = ""
-    health_policy: HealthPolicy = field(default_factory=HealthPolicy)  # event class -> taint (driver.health)
-    # Node labels that choose this node's simulated profile / MIG strategy (kubeletplugin/nodelabels.py).
-    simulate_label: str = ""
-    mig_strategy_label: str = ""
-    socket_paths: SocketPaths = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir, instance_id=self.instance_id))
-        if not self.node_name:
-            raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")
-        if (self.simulate or self.simulate_label) and self.nvml:
-            raise PluginConfigError("--simulate (or --simulate-from-node-label) and --nvml exclude each other: "
-                                    "pick one discovery backend")
-        if self.mig_strategy not in MIG_STRATEGIES:
-            raise PluginConfigError(
-                f"--mig-strategy must be one of {', '.join(MIG_STRATEGIES)}, got {self.mig_strategy!r}"
-            )
-        try:
-            parse_listen_address(self.metrics_addr)
-        except ValueError as exc:
-            raise PluginConfigError(str(exc)) from exc
-        for flag, path in (("--cdi-dir", self.cdi_dir), ("--state-dir", self.state_dir)):
-            if not path.is_absolute():
-                raise PluginConfigError(f"{flag} must be an absolute path, got {str(path)!r}")
-        if self.cdi_host_driver_root is not None:
-            if self.cdi_driver_root is None:
-                raise PluginConfigError("--cdi-host-driver-root needs --cdi-driver-root (where this process sees it)")
-            if not self.cdi_host_driver_root.startswith("/"):
-                raise PluginConfigError(
-                    f"--cdi-host-driver-root must be an absolute host path, got {self.cdi_host_driver_root!r}"
-                )
-        try:
-            self.socket_paths.validate()
-        except SocketError as exc:
-            raise PluginConfigError(str(exc)) from exc
-
-    @property
-    def simulated(self) -> bool:
-        return not self.nvml
 
 
 class KubeletPlugin:
@@ -346,6 +280,7 @@ class KubeletPlugin:
 def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceState:
     """DeviceState with the MPS, MIG and time-slice backends that match the discovery backend."""
     from driver.driverroot import discover_driver_root
+    from kubeletplugin.devicesteps import DeviceSteps
     from kubeletplugin.migmanager import MigManager, NvmlMigManager, SimulatedMigManager
     from kubeletplugin.mps import MpsControl, NvidiaMpsControl, SimulatedMpsControl
     from kubeletplugin.state import DeviceState
@@ -378,9 +313,10 @@ def build_device_state(config: PluginConfig, inventory: Inventory) -> DeviceStat
         timeslicer = NvidiaSmiTimeSlicer(
             smi_binary or "nvidia-smi", library_dirs=driver_root.library_dirs() if driver_root else ()
         )
-    return DeviceState(
-        inventory, config.cdi_dir, config.state_dir, config.node_name, mps, mig, driver_root, timeslicer=timeslicer
+    steps = DeviceSteps(
+        inventory, config.cdi_dir, config.state_dir, mps, mig, timeslicer=timeslicer, driver_root=driver_root
     )
+    return DeviceState(steps, config.node_name)
 
 
 def with_node_labels(config: PluginConfig, api: KubeAPI) -> PluginConfig:

@@ -1,10 +1,10 @@
 """Bringing the node in line with the checkpoint after the node agent starts.
 
 A completed claim gets back its MIG instances, CDI spec, time slices and MPS daemon, rebuilt from
-the recorded allocation; a half-done prepare is rolled back (kubelet never got an answer for it and
-prepares it again); what no entry owns (CDI specs, MIG instances, MPS directories, temp files of
-interrupted writes) is removed. The steps themselves are ClaimDevices'; DeviceState adds prepare
-and unprepare on top.
+the recorded allocation through the same plan and steps prepare uses; a half-done prepare is rolled
+back (kubelet never got an answer for it and prepares it again); what no entry owns (CDI specs, MIG
+instances, MPS directories, temp files of interrupted writes) is removed. Recovery works over the
+checkpoint store and the device steps (kubeletplugin/devicesteps.py); DeviceState owns one.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from driver.allocation import parse_claim_allocation
+from driver.allocation import plan_allocation
 from driver.cdi import SPEC_PREFIX, CdiError, claim_spec_uids, read_spec, remove_spec, write_spec
-from driver.config import Strategy
-from driver.mig import layout_for
 from kubeletplugin.checkpoint import ClaimEntry, ClaimState
-from kubeletplugin.claimdevices import ClaimDevices
-from kubeletplugin.migmanager import CreatedMig, MigError
+from kubeletplugin.checkpointstore import CheckpointStore
+from kubeletplugin.devicesteps import DeviceSteps
+from kubeletplugin.nodelocks import ClaimLockTable
 
 log = structlog.get_logger(__name__)
 
@@ -41,11 +40,18 @@ class RecoveryReport:
     rebooted: bool = False
 
 
-class NodeRecovery(ClaimDevices):
+class Recovery:
     """recover() and recover_claims(): the checkpoint's claims restored or rolled back, orphans removed."""
 
-    def prepared_claims(self) -> dict[str, ClaimEntry]:
-        return self.store.load()
+    def __init__(
+        self, store: CheckpointStore, steps: DeviceSteps, locks: ClaimLockTable, pool: str, *, started: float
+    ) -> None:
+        self.store = store
+        self.steps = steps
+        self.locks = locks
+        self.pool = pool
+        # temp files older than this agent were left by a killed one (a write of its own is younger)
+        self.started = started
 
     def recover(self) -> RecoveryReport:
         """Bring the node in line with the checkpoint after a start; see the module docstring.
@@ -54,22 +60,19 @@ class NodeRecovery(ClaimDevices):
         calls, and a PrepareStarted entry or a spec without an entry is only abandoned when no
         prepare is under way anywhere on the node; meanwhile, that instance's calls wait.
         """
-        with self.claim_locks.node():
-            return self._recover()
-
-    def _recover(self) -> RecoveryReport:
-        report = RecoveryReport()
-        # After a reboot no daemon tessera started is alive, and a recorded pid may now be anyone's:
-        # every MPS daemon is started again rather than adopted. A format-1 file records no boot, so
-        # its daemons are adopted when they answer, as format 1 did (an upgrade must not restart them).
-        entries = self.store.load()
-        written_in = self.store.written_in_boot
-        report.rebooted = bool(entries) and bool(written_in) and written_in != self.store.boot_id
-        self._recover_claims(report, across_instances=False)
-        self._remove_orphans(report)
-        self.store.stamp_boot()
-        log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
-        return report
+        with self.locks.node():
+            report = RecoveryReport()
+            # After a reboot no daemon tessera started is alive, and a recorded pid may now be anyone's:
+            # every MPS daemon is started again rather than adopted. A format-1 file records no boot, so
+            # its daemons are adopted when they answer, as format 1 did (an upgrade must not restart them).
+            checkpoint = self.store.read()
+            written_in = checkpoint.boot_id
+            report.rebooted = bool(checkpoint.entries) and bool(written_in) and written_in != self.store.boot_id
+            self._recover_claims(report, across_instances=False)
+            self._remove_orphans(report)
+            self.store.stamp_boot()
+            log.info("recovery done", **{k: v for k, v in report.__dict__.items() if v})
+            return report
 
     def recover_claims(self) -> RecoveryReport:
         """recover() for the checkpoint's claims only, each under its own node-wide claim lock.
@@ -85,17 +88,17 @@ class NodeRecovery(ClaimDevices):
 
     def _recover_claims(self, report: RecoveryReport, *, across_instances: bool) -> None:
         for uid in self.store.load():
-            with self._claim_lock(uid, across_instances=across_instances):
+            with self.locks.hold(uid, across_instances=across_instances):
                 # read again under the lock: a call may have changed or dropped it meanwhile
                 entry = self.store.get(uid)
                 if entry is None:
                     continue
                 try:
                     if entry.state == ClaimState.PREPARE_COMPLETED:
-                        self._restore(replace(entry, mps=None) if report.rebooted else entry, report)
+                        self._restore(replace(entry, mps_daemons=()) if report.rebooted else entry, report)
                     else:
                         # nobody is preparing it (we hold its lock): an abandoned attempt
-                        self._teardown(entry)
+                        self.steps.teardown(entry)
                         self.store.drop(uid)
                         report.rolled_back.append(uid)
                 except Exception as exc:
@@ -105,8 +108,9 @@ class NodeRecovery(ClaimDevices):
     def _restore(self, entry: ClaimEntry, report: RecoveryReport) -> None:
         """A completed claim's MIG instances, CDI spec, time slices and MPS daemon, as prepare made them.
 
-        The spec is rebuilt from the recorded allocation by the code prepare uses, never copied from
-        the checkpoint: a forged entry can at most name devices of this node, not arbitrary mounts.
+        The spec is rebuilt from the recorded allocation by the plan and steps prepare uses, never
+        copied from the checkpoint: a forged entry can at most name devices of this node, not
+        arbitrary mounts.
         """
         if entry.allocation is None:
             raise CdiError(
@@ -114,71 +118,44 @@ class NodeRecovery(ClaimDevices):
                 "older tessera), so its CDI spec cannot be rebuilt; if the spec is gone, delete the pod so that "
                 "kubelet prepares the claim again"
             )
-        migs = self._recreate_migs(entry, report)
-        claim = {
-            "metadata": {"uid": entry.uid, "namespace": entry.namespace, "name": entry.name},
-            "status": {"allocation": entry.allocation},
-        }
-        alloc = parse_claim_allocation(claim, ref_uid=entry.uid, inventory=self.inventory, pool=self.pool,
-                                       driver=self.driver_name)  # fmt: skip
-        by_placement = {(m.gpu_uuid, m.profile, m.placement): m for m in migs}
-        mig_of: dict[str, CreatedMig] = {}
-        for d in alloc.devices:
-            t = d.target
-            if t.is_dynamic_mig and t.mig_profile is not None and t.placement is not None:
-                found = by_placement.get((t.gpu.uuid, t.mig_profile.name, t.placement))
-                if found is None:
-                    raise MigError(f"claim {entry.namespace}/{entry.name}: no MIG instance recorded for {d.device}")
-                mig_of[d.device] = found
-        mps_devices = [d for d in alloc.devices if d.sharing.strategy == Strategy.MPS]
-        spec, _ = self._build_spec(alloc, mig_of, bool(mps_devices))
-        if read_spec(self.cdi_dir, entry.uid) != spec:
-            write_spec(self.cdi_dir, entry.uid, spec)
+        plan = plan_allocation(entry.allocation, uid=entry.uid, namespace=entry.namespace, name=entry.name,
+                               inventory=self.steps.inventory, pool=self.pool)  # fmt: skip
+        migs = self.steps.restore_migs(plan, entry.migs)
+        if migs.recreated:
+            report.migs_recreated.append(entry.uid)
+        spec = self.steps.claim_spec(plan, migs.by_device)
+        if read_spec(self.steps.cdi_dir, entry.uid) != spec.spec:
+            write_spec(self.steps.cdi_dir, entry.uid, spec.spec)
             report.specs_rewritten.append(entry.uid)
-        if self.timeslicer is not None:
-            # a reboot or GPU reset puts the interval back to the default
-            for gpu_uuid, interval in entry.time_slices:
-                self.timeslicer.set_interval(gpu_uuid, interval)
-        mps = entry.mps
-        if mps_devices:
-            mps = self._start_mps(alloc, mig_of, entry.mps, mps_devices[0].sharing.active_thread_percentage)
-            if mps is not entry.mps:
-                report.mps_restarted.append(entry.uid)
-        updated = replace(entry, migs=tuple(migs), mps=mps)
+        # a reboot or GPU reset puts the interval back to the default
+        if self.steps.timeslicer is not None:
+            self.steps.set_time_slices(entry.uid, entry.time_slices)
+        daemons = self.steps.start_mps(plan, migs.by_device, entry.mps_daemons)
+        # a daemon adopted is the recorded object itself; any other one was started again
+        if any(all(d is not r for r in entry.mps_daemons) for d in daemons):
+            report.mps_restarted.append(entry.uid)
+        updated = replace(entry, migs=migs.instances, mps_daemons=daemons)
         if updated != entry:
             self.store.put(updated)
 
-    def _recreate_migs(self, entry: ClaimEntry, report: RecoveryReport) -> list[CreatedMig]:
-        """The entry's MIG instances, each one that vanished created again at its placement."""
-        migs = list(entry.migs)
-        for i, m in enumerate(migs):
-            if self.mig.exists(m):
-                continue
-            # the instance vanished (GPU reset or reboot): same placement again, new UUID and caps
-            gpu = self.inventory.gpu_by_uuid(m.gpu_uuid)
-            layout = layout_for(gpu.product_name)
-            if layout is None:
-                raise MigError(f"{gpu.device_name}: no MIG table for {gpu.product_name}")
-            migs[i] = self.mig.create(gpu, layout.profile(m.profile), m.placement)
-            report.migs_recreated.append(entry.uid)
-        return migs
-
     def _remove_orphans(self, report: RecoveryReport) -> None:
         entries = self.store.load()
-        for uid in claim_spec_uids(self.cdi_dir):
+        cdi_dir, state_dir, mig, mps = self.steps.cdi_dir, self.steps.state_dir, self.steps.mig, self.steps.mps
+        for uid in claim_spec_uids(cdi_dir):
             if uid not in entries:
-                self._cleanup(report, f"cdi:{uid}", functools.partial(remove_spec, self.cdi_dir, uid))
+                self._cleanup(report, f"cdi:{uid}", functools.partial(remove_spec, cdi_dir, uid))
                 report.orphan_specs_removed.append(uid)
         known = {m for e in entries.values() for m in e.migs}
-        for m in self.mig.created():
+        for m in mig.created():
             if m not in known:
-                self._cleanup(report, f"mig:{m.uuid}", functools.partial(self.mig.destroy, m))
+                self._cleanup(report, f"mig:{m.uuid}", functools.partial(mig.destroy, m))
                 report.orphan_migs_destroyed.append(m.uuid)
-        mps_root = self.state_dir / "mps"
+        known_daemons = set(entries) | {m.claim_uid for e in entries.values() for m in e.mps_daemons}
+        mps_root = state_dir / "mps"
         if mps_root.is_dir():
             for d in sorted(mps_root.iterdir()):
-                if d.name not in entries:
-                    self._cleanup(report, f"mps:{d.name}", functools.partial(self.mps.stop, d.name))
+                if d.name not in known_daemons:
+                    self._cleanup(report, f"mps:{d.name}", functools.partial(mps.stop, d.name))
                     report.orphan_mps_stopped.append(d.name)
         self._remove_stale_temp_files(report)
 
@@ -189,10 +166,10 @@ class NodeRecovery(ClaimDevices):
         tessera's own spec temp files are touched; files younger than this agent may belong to a
         write in progress (the old pod of a rolling update), so they are left alone.
         """
-        candidates = [*self.cdi_dir.glob(f".{SPEC_PREFIX}*.tmp"), *self.state_dir.glob(".*.tmp")]
+        candidates = [*self.steps.cdi_dir.glob(f".{SPEC_PREFIX}*.tmp"), *self.steps.state_dir.glob(".*.tmp")]
         for path in sorted(candidates):
             try:
-                if path.stat().st_mtime >= self._started:
+                if path.stat().st_mtime >= self.started:
                     continue
             except FileNotFoundError:
                 continue

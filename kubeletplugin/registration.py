@@ -44,7 +44,6 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
         self,
         endpoint: Path,
         *,
-        driver_name: str = DRIVER_NAME,
         supported_versions: tuple[str, ...] = SUPPORTED_VERSIONS,
         on_status: Callable[[RegistrationStatus], None] | None = None,
     ) -> None:
@@ -54,7 +53,7 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             raise ValueError("supported_versions must not be empty: kubelet rejects a plugin that advertises none")
         self._info = pb.PluginInfo(
             type=PLUGIN_TYPE,
-            name=driver_name,
+            name=DRIVER_NAME,
             # A bare path: kubelet prepends "unix:" itself, so a scheme here would yield a broken target.
             endpoint=str(endpoint),
             supported_versions=list(supported_versions),

@@ -30,6 +30,8 @@ TIME_SLICE_VALUES = {name: value for value, name in enumerate(TIME_SLICE_INTERVA
 class TimeSliceError(DeviceError):
     """The GPU's time-slice setting could not be changed."""
 
+    reason = "time_slice"
+
 
 class TimeSlicer(Protocol):
     def set_interval(self, gpu_uuid: str, interval: str) -> None: ...

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from driver.errors import TesseraError
+from driver.errors import InvalidInputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slices", metavar="FILE", help="ResourceSlices to match against (e.g. `tessera inventory -o yaml` output)"
     )
     source.add_argument("--kubeconfig", metavar="K", help="read ResourceSlices and DeviceClasses from this cluster")
-
-
-class InputError(TesseraError):
-    """A file that cannot be read or parsed."""
 
 
 def load_documents(path: str) -> list[tuple[str, Any]]:
@@ -38,17 +34,17 @@ def load_documents(path: str) -> list[tuple[str, Any]]:
             data = f.read(MAX_BYTES + 1)  # never more than the limit into memory
         text = data.decode("utf-8")
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise InvalidInputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text: {exc}") from exc
+        raise InvalidInputError(f"{path}: not UTF-8 text: {exc}") from exc
     if len(data) > MAX_BYTES:
-        raise InputError(f"{path}: larger than the {MAX_BYTES:,}-byte limit for one file; split it")
+        raise InvalidInputError(f"{path}: larger than the {MAX_BYTES:,}-byte limit for one file; split it")
     try:
         docs = load_all(text)
     except YamlLimitError as exc:
-        raise InputError(f"{path}: refused: {exc}") from exc
+        raise InvalidInputError(f"{path}: refused: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML/JSON: {exc}") from exc
+        raise InvalidInputError(f"{path}: not valid YAML/JSON: {exc}") from exc
     if len(docs) == 1:
         return [(path, docs[0])]
     return [(f"{path} (document {i + 1})", doc) for i, doc in enumerate(docs)]
@@ -73,7 +69,7 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
             ctx.inventory = DeviceIndex.from_slices(items)
         elif kubeconfig:
             _load_cluster(ctx, kubeconfig)
-    except InputError as exc:
+    except InvalidInputError as exc:
         print(f"tessera check: {exc}", file=err)
         return 2
 
@@ -114,9 +110,9 @@ def _load_cluster(ctx: Any, kubeconfig: str) -> None:
         slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER}").get("items") or []
         classes = api.list_device_classes().get("items") or []
     except ApiError as exc:
-        raise InputError(f"cannot read from the cluster: {exc}") from exc
+        raise InvalidInputError(f"cannot read from the cluster: {exc}") from exc
     except Exception as exc:  # kubeconfig parse errors come as several exception types
-        raise InputError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+        raise InvalidInputError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
     ctx.inventory = DeviceIndex.from_slices(slices)
     ctx.classes = {str((c.get("metadata") or {}).get("name")): c for c in classes}
     ctx.classes_complete = True

@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.checks.capacity import capacity_findings
 from controller.checks.classes import class_conditions
-from controller.checks.configs import DecodedConfig, decode_configs
+from controller.checks.configs import DecodedConfig, decode_configs, sharing_findings
 from controller.checks.findings import Finding, error, warning
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import pending_findings
@@ -89,6 +89,9 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
             continue
         rpath = f"{path}.devices.requests[{i}]"
         for ref, body, bpath in request_bodies(request, rpath):
+            class_name = str(body.get("deviceClassName", ""))
+            if ctx.targets_tessera(class_name):
+                findings.extend(sharing_findings(configs, ref, body, bpath, ctx.classes.get(class_name)))
             report = _check_request(body, bpath, ref, ctx, findings, explain=explain)
             if report:
                 reports.append(report)

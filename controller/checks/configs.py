@@ -59,3 +59,46 @@ def decode_configs(configs: Any, path: str, *, in_class: bool) -> tuple[list[Fin
             continue
         decoded.append(DecodedConfig(i, params_path, tuple(str(r) for r in requests), config))
     return findings, decoded
+
+
+def sharing_findings(configs: list[DecodedConfig], request: str, body: Any, path: str,
+                     device_class: Any = None) -> list[Finding]:
+    """What the node agent would refuse about how request `request` (or "req/sub") is shared.
+
+    The class's configs and then the claim's that apply to it are merged as the node agent merges
+    them, and resolved for a memory share when the request names `capacity.requests.memory` (or a
+    config spreads `totalMemory`, which becomes one): a share is enforced by MPS, so a strategy that
+    is not MPS, or settings of a strategy that does not apply, are errors here rather than at
+    prepare. Each request is resolved apart, so MPS, time-slicing and exclusive requests mix in one
+    claim. Whether a device is a MIG instance is only known once allocated; prepare checks that part.
+    """
+    from driver.config import ConfigError, config_applies, decode_gpu_config, merge_configs, resolve_sharing
+
+    applying = [c for c in configs if config_applies(c.requests, request)]
+    class_configs = []
+    for entry in _list(_obj(_obj(device_class).get("spec")).get("config")):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER:
+            try:
+                class_configs.append(decode_gpu_config(opaque.get("parameters"), "class config"))
+            except ConfigError:
+                continue  # the class's own admission reports it
+    # a malformed request is reported by the request checks; here it only counts as no share
+    capacity = _obj(_obj(_obj(body).get("capacity")).get("requests"))
+    share = "memory" in capacity or any(c.config.sharing.total_memory for c in applying)
+    merged = merge_configs([*class_configs, *(c.config for c in applying)])
+    try:
+        resolve_sharing(merged, memory_share=share, mig=False, where=path)
+    except ConfigError as exc:
+        setting = next((c for c in reversed(applying) if c.config.sharing.strategy is not None), None)
+        where = f"{setting.path}.sharing.strategy" if setting is not None else path
+        return [error(where, f'request "{request}": {exc.message}')]
+    return []
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -24,7 +24,7 @@ from benchmarks import (
 from benchmarks import run as bench_run
 from benchmarks.stats import percentile, summarize, table
 from driver.kubeapi import ApiError
-from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpointstore import CheckpointStore
 from tests.fakes.apiserver import FakeKubeAPI
 
 
@@ -203,3 +203,14 @@ def test_health_benchmark_renders_every_stage() -> None:
     results = {stage: summarize([float(i + 1) * 100 for i in range(3)]) for stage in health_bench.STAGES}
     rendered = health_bench.render(results)
     assert all(stage in rendered for stage in health_bench.STAGES)
+
+
+def test_prepare_path_follows_a_claim_from_the_grpc_entry_to_the_cdi_write() -> None:
+    from benchmarks import prepare_path
+
+    trace = prepare_path.run()
+    chain = trace.handler + trace.worker
+    assert chain[0] == "kubeletplugin/draservice.py:DRAPluginV1.NodePrepareResources"
+    assert chain[-1] == "driver/cdi.py:write_spec"
+    assert "kubeletplugin/state.py:DeviceState.prepare" in chain
+    assert {"driver/allocation.py", "kubeletplugin/devicesteps.py"} <= trace.touched

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from kubeletplugin.checkpoint import (
-    ClaimEntry,
-    ClaimState,
-    GpuUse,
-)
+from driver.allocation import GpuUse
+from kubeletplugin.checkpoint import ClaimEntry, ClaimState
 from kubeletplugin.kubeletclaims import PreparedDevice
 from kubeletplugin.migmanager import CreatedMig
 from kubeletplugin.mps import MpsDaemon
@@ -23,6 +20,6 @@ def full_entry(uid: str = UID) -> ClaimEntry:
         gpu_uses=(GpuUse("GPU-0", "share"),),
         allocation={"devices": {"results": [None, {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
                                                    "device": "gpu-0", "shareID": "3f2c8a9e"}], "config": []}},
-        mps=MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),
+        mps_daemons=(MpsDaemon(uid, "/s/pipe", "/s/log", "/s/shm", ("GPU-0",), (4096,), 50),),
         migs=(CreatedMig("GPU-1", 1, 1, "1g.10gb", 3, 1, 2, 0, "MIG-x"),),
     )

@@ -127,7 +127,7 @@ def mps_records(state_dir: Path) -> dict[str, Any]:
 
 
 def make_config(root: Path, **overrides: Any) -> Any:
-    from kubeletplugin.plugin import PluginConfig
+    from kubeletplugin.pluginconfig import PluginConfig
 
     kwargs: dict[str, Any] = {
         "node_name": NODE,

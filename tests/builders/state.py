@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from driver.cdi import read_spec
+from kubeletplugin.devicesteps import DeviceSteps
 from kubeletplugin.draservice import claim_failure
 from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
@@ -37,18 +38,22 @@ def no_crash(step: str) -> None:
     del step
 
 
-def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
-    state_dir = tmp_path / "state"
-    return DeviceState(
+def make_steps(root: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceSteps:
+    """The device steps of a simulated node whose state and CDI directories are under `root`."""
+    state_dir = root / "state"
+    return DeviceSteps(
         inventory(profile),
-        tmp_path / "cdi",
+        root / "cdi",
         state_dir,
-        "node-a",
         kwargs.pop("mps", None) or SimulatedMpsControl(state_dir),
-        SimulatedMigManager(state_dir),
+        kwargs.pop("mig", None) or SimulatedMigManager(state_dir),
         fault_hook=hook,
         **kwargs,
     )
+
+
+def make_state(tmp_path: Path, profile: str = "dgx-h100-8", hook=no_crash, **kwargs) -> DeviceState:
+    return DeviceState(make_steps(tmp_path, profile, hook, **kwargs), "node-a")
 
 
 def ref(uid: str = UID, name: str = "claim") -> ClaimRef:
@@ -82,6 +87,21 @@ def spec_of(state: DeviceState, uid: str = UID) -> dict[str, Any]:
 
 def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+
+
+def device_env(spec: dict[str, Any], index: int) -> dict[str, str]:
+    """The environment one CDI device of the spec adds."""
+    return dict(e.split("=", 1) for e in spec["devices"][index]["containerEdits"].get("env", []))
+
+
+def visible_of(spec: dict[str, Any]) -> str:
+    """The GPU and MIG UUIDs the spec's devices list (TESSERA_DEVICES_*), in order, each once, comma-separated."""
+    seen: list[str] = []
+    for i in range(len(spec["devices"])):
+        for key, value in device_env(spec, i).items():
+            if key.startswith("TESSERA_DEVICES_"):
+                seen += [v for v in value.split(",") if v not in seen]
+    return ",".join(seen)
 
 
 def simulated_mps(state: DeviceState) -> SimulatedMpsControl:

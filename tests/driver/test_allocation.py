@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from driver.allocation import AllocationError, parse_claim_allocation, resolve_device
+from driver.allocation import AllocationError, plan_claim, resolve_device
 from driver.config import ConfigError, Strategy
 from driver.quantity import quantity_bytes
 from tests.builders.claims import UID, gpu_config, inventory, make_claim, result, share
@@ -13,7 +13,7 @@ GIB = 1024**3
 
 
 def parse(claim, profile: str = "dgx-h100-8"):
-    return parse_claim_allocation(claim, ref_uid=claim["metadata"]["uid"], inventory=inventory(profile), pool="node-a")
+    return plan_claim(claim, ref_uid=claim["metadata"]["uid"], inventory=inventory(profile), pool="node-a")
 
 
 def test_whole_gpu_result_is_exclusive():
@@ -78,7 +78,7 @@ def test_admin_access_is_carried():
 def test_replaced_claim_is_an_error():
     claim = make_claim([result("gpu-0")])
     with pytest.raises(AllocationError) as info:
-        parse_claim_allocation(claim, ref_uid="other-uid", inventory=inventory(), pool="node-a")
+        plan_claim(claim, ref_uid="other-uid", inventory=inventory(), pool="node-a")
     assert str(info.value) == (
         f"ResourceClaim team-a/claim has uid {UID} but kubelet asked for other-uid: "
         "the claim was replaced (deleted and created again); kubelet retries with the new claim"
@@ -281,3 +281,47 @@ def test_every_published_device_resolves_with_its_published_memory(profile):
         target = resolve_device(inv, device["name"])
         assert target.memory_bytes == quantity_bytes(device["capacity"]["memory"]["value"]), device["name"]
         assert target.is_mig == ("-mig-" in device["name"])
+
+
+# -- the plan prepare and recovery share ------------------------------------------------------------
+
+
+def test_the_plan_of_the_recorded_allocation_is_the_plan_of_the_claim():
+    from driver.allocation import allocation_record, plan_allocation
+
+    claim = make_claim(
+        [result("gpu-0-mig-1g10gb-2", "mig"), {**result("gpu-1"), "driver": "gpu.nvidia.com"}, share("gpu-3", "8Gi")],
+        [gpu_config(strategy="MPS", mps={"activeThreadPercentage": 40})],
+    )
+    from_claim = parse(claim, "h100-16-mig")
+    record = allocation_record(claim, "node-a")
+    assert record["devices"]["results"][1] is None, "another driver's result is nulled, its index kept"
+    restored = plan_allocation(record, uid=UID, namespace="team-a", name="claim", inventory=inventory("h100-16-mig"),
+                               pool="node-a")  # fmt: skip
+    assert restored == from_claim and restored.allocation == from_claim.allocation == record
+
+
+def test_the_plan_says_how_each_gpu_is_used_and_where_its_mig_instances_go():
+    from driver.allocation import GpuUse, MigKey
+
+    inv = inventory("h100-16-mig")
+    plan = parse(make_claim([result("gpu-0-mig-1g10gb-2", "a"), result("gpu-3", "b"),
+                             result("gpu-4", "c", adminAccess=True)]), "h100-16-mig")  # fmt: skip
+    g0, g3 = inv.gpu_by_index(0).uuid, inv.gpu_by_index(3).uuid
+    assert plan.gpu_uses == (GpuUse(g0, "mig"), GpuUse(g3, "exclusive")), "admin access holds no use"
+    assert plan.migs == (("gpu-0-mig-1g10gb-2", MigKey(g0, "1g.10gb", 2)),)
+
+
+def test_the_plan_lists_each_time_sliced_gpu_once_with_its_interval():
+    claim = make_claim([result("gpu-2", "a"), result("gpu-5", "b")],
+                       [gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})])  # fmt: skip
+    plan = parse(claim)
+    assert plan.time_slices == ((inventory().gpus[2].uuid, "Long"), (inventory().gpus[5].uuid, "Long"))
+    assert plan.mps_groups == ()
+
+
+def test_a_checkpoint_record_that_is_empty_is_not_allocated():
+    from driver.allocation import plan_allocation
+
+    with pytest.raises(AllocationError, match=r"^ResourceClaim ns/c is not allocated"):
+        plan_allocation({}, uid=UID, namespace="ns", name="c", inventory=inventory(), pool="node-a")

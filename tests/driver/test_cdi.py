@@ -43,7 +43,7 @@ def validate(spec):
 
 def whole_gpu_spec():
     return build_claim_spec(
-        UID, [SpecDevice(device_name(UID, "gpu-0"), "GPU-aaaa", ContainerEdits(device_nodes=gpu_device_nodes(0)))]
+        UID, [SpecDevice(device_name(UID, "gpu-0"), ContainerEdits(device_nodes=gpu_device_nodes(0)))]
     )
 
 
@@ -54,7 +54,7 @@ def test_whole_gpu_spec_content():
     assert spec["cdiVersion"] == "0.5.0"  # the device name starts with a digit of the claim uid
     assert spec["devices"] == [{"name": f"{UID}-gpu-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]
     assert spec["containerEdits"] == {
-        "env": ["NVIDIA_VISIBLE_DEVICES=GPU-aaaa", "CUDA_VISIBLE_DEVICES=GPU-aaaa"],
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}],
     }
 
@@ -62,7 +62,7 @@ def test_whole_gpu_spec_content():
 def test_mig_spec_has_parent_node_and_capability_nodes():
     nodes = mig_device_nodes(gpu_minor=1, gpu_instance=2, compute_instance=0)
     spec = build_claim_spec(
-        UID, [SpecDevice(device_name(UID, "gpu-1-mig-1g10gb-3"), "MIG-bbbb", ContainerEdits(device_nodes=nodes))]
+        UID, [SpecDevice(device_name(UID, "gpu-1-mig-1g10gb-3"), ContainerEdits(device_nodes=nodes))]
     )
     validate(spec)
     # gpu1/gi2/access = 3 + 1*135 + 2*9 = 156, its ci0 follows it
@@ -71,7 +71,6 @@ def test_mig_spec_has_parent_node_and_capability_nodes():
         {"path": "/dev/nvidia-caps/nvidia-cap156"},
         {"path": "/dev/nvidia-caps/nvidia-cap157"},
     ]
-    assert "CUDA_VISIBLE_DEVICES=MIG-bbbb" in spec["containerEdits"]["env"]
 
 
 def test_simulated_node_specs_carry_device_numbers():
@@ -79,7 +78,7 @@ def test_simulated_node_specs_carry_device_numbers():
     nodes = mig_device_nodes(1, 2, 0, None, numbers)
     spec = build_claim_spec(
         UID,
-        [SpecDevice(device_name(UID, "gpu-1-mig-1g10gb-3"), "MIG-b", ContainerEdits(device_nodes=nodes))],
+        [SpecDevice(device_name(UID, "gpu-1-mig-1g10gb-3"), ContainerEdits(device_nodes=nodes))],
         numbers=numbers,
     )
     validate(spec)
@@ -130,7 +129,7 @@ def test_share_spec_mounts_the_mps_pipe_dir_without_the_limit():
         mounts=(Mount("/var/lib/tessera/mps/x/pipe", "/tmp/nvidia-mps", ("rw", "nosuid", "nodev", "bind")),),
     )
     spec = build_claim_spec(
-        UID, [SpecDevice(device_name(UID, "gpu-2"), "GPU-cccc", ContainerEdits(device_nodes=gpu_device_nodes(2)))], mps
+        UID, [SpecDevice(device_name(UID, "gpu-2"), ContainerEdits(device_nodes=gpu_device_nodes(2)))], mps
     )
     validate(spec)
     env = spec["containerEdits"]["env"]
@@ -145,23 +144,30 @@ def test_share_spec_mounts_the_mps_pipe_dir_without_the_limit():
     ]
 
 
-def test_four_card_share_lists_uuids_in_result_order():
+def test_four_cards_keep_result_order():
     devices = [
-        SpecDevice(device_name(UID, f"gpu-{i}"), f"GPU-{i}", ContainerEdits(device_nodes=gpu_device_nodes(i)))
+        SpecDevice(device_name(UID, f"gpu-{i}"), ContainerEdits(device_nodes=gpu_device_nodes(i)))
         for i in (6, 1, 3, 0)
     ]
     spec = build_claim_spec(UID, devices)
     validate(spec)
-    assert spec["containerEdits"]["env"][1] == "CUDA_VISIBLE_DEVICES=GPU-6,GPU-1,GPU-3,GPU-0"
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-{i}" for i in (6, 1, 3, 0)]
 
 
-def test_same_uuid_twice_is_listed_once():
-    devices = [
-        SpecDevice(device_name(UID, "gpu-0", "a"), "GPU-0", ContainerEdits(device_nodes=gpu_device_nodes(0))),
-        SpecDevice(device_name(UID, "gpu-0", "b"), "GPU-0", ContainerEdits(device_nodes=gpu_device_nodes(0))),
-    ]
-    assert build_claim_spec(UID, devices)["containerEdits"]["env"][0] == "NVIDIA_VISIBLE_DEVICES=GPU-0"
+def test_no_claim_wide_variable_names_the_devices():
+    # a container with two claims gets both specs' variables; one named the same in both keeps one value
+    spec = whole_gpu_spec()
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert not any(e.startswith("CUDA_VISIBLE_DEVICES=") for d in spec["devices"]
+                   for e in d["containerEdits"].get("env", []))  # fmt: skip
+
+
+def test_a_requests_device_list_is_named_after_its_claim_and_request():
+    from driver.cdi import request_devices_env
+
+    assert request_devices_env(UID, "ts-gpu", ["GPU-1", "GPU-2"]) == (
+        f"TESSERA_DEVICES_{UID.upper().replace('-', '_')}_TS_GPU=GPU-1,GPU-2"
+    )
 
 
 def test_spec_without_devices_is_refused():
@@ -171,11 +177,11 @@ def test_spec_without_devices_is_refused():
 
 def test_device_without_edits_is_refused():
     with pytest.raises(CdiError, match="has no container edits"):
-        build_claim_spec(UID, [SpecDevice(device_name(UID, "gpu-0"), "GPU-0")])
+        build_claim_spec(UID, [SpecDevice(device_name(UID, "gpu-0"))])
 
 
 def test_duplicate_device_names_are_refused():
-    d = SpecDevice(device_name(UID, "gpu-0"), "GPU-0", ContainerEdits(device_nodes=gpu_device_nodes(0)))
+    d = SpecDevice(device_name(UID, "gpu-0"), ContainerEdits(device_nodes=gpu_device_nodes(0)))
     with pytest.raises(CdiError, match="duplicate CDI device names"):
         build_claim_spec(UID, [d, d])
 

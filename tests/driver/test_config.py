@@ -109,7 +109,8 @@ def test_unknown_sharing_field_is_rejected():
 
 def test_unknown_mps_field_is_rejected():
     assert error_of(cfg(mps={"pinnedMemoryLimit": "4Gi"})) == (
-        f"{P}.sharing.mps.pinnedMemoryLimit: unknown field (allowed here: activeThreadPercentage)"
+        f"{P}.sharing.mps.pinnedMemoryLimit: unknown field (allowed here: activeThreadPercentage, "
+        "pinnedDeviceMemoryLimit); did you mean 'pinnedDeviceMemoryLimit'?"
     )
 
 
@@ -300,3 +301,23 @@ def test_any_input_decodes_or_fails_with_a_field_path(raw):
         assert exc.field_path.startswith(P)
     else:
         assert isinstance(got, GpuConfig)
+
+
+def test_a_pinned_device_memory_limit_is_decoded_merged_and_resolved_to_bytes():
+    config = decode_gpu_config(cfg(strategy="MPS", mps={"pinnedDeviceMemoryLimit": "10Gi"}), P)
+    assert config.sharing.mps == MpsSettings(None, "10Gi")
+    merged = config.merged_with(decode_gpu_config(cfg(mps={"activeThreadPercentage": 50}), P))
+    assert merged.sharing.mps == MpsSettings(50, "10Gi"), "a later config that sets the other field keeps this one"
+    got = resolve_sharing(merged, memory_share=False, mig=False, where=W)
+    assert (got.active_thread_percentage, got.pinned_memory_limit) == (50, 10 * 1024**3)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("lots", "must be a Kubernetes quantity such as 10Gi, got \"lots\""),
+    ("512Ki", "must be at least 1Mi (MPS's smallest limit), got \"512Ki\""),
+    ("-1Gi", "must be at least 1Mi (MPS's smallest limit), got \"-1Gi\""),
+])  # fmt: skip
+def test_a_pinned_device_memory_limit_that_cannot_work_is_refused_by_name(value: str, message: str):
+    assert error_of(cfg(strategy="MPS", mps={"pinnedDeviceMemoryLimit": value})) == (
+        f"{P}.sharing.mps.pinnedDeviceMemoryLimit: {message}"
+    )

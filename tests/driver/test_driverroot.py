@@ -113,7 +113,7 @@ def test_host_root_defaults_to_the_root_itself(driver_root):
 def test_spec_with_driver_mounts_is_valid_cdi(driver_root):
     edits = discover_driver_root(driver_root, host_root="/").container_edits()
     spec = build_claim_spec(
-        "abc", [SpecDevice("abc-gpu-0", "GPU-0", ContainerEdits(device_nodes=(DeviceNode("/dev/nvidia0"),)))], edits
+        "abc", [SpecDevice("abc-gpu-0", ContainerEdits(device_nodes=(DeviceNode("/dev/nvidia0"),)))], edits
     )
     jsonschema.Draft202012Validator(SCHEMA).validate(spec)
     assert spec["cdiVersion"] == "0.3.0"

@@ -8,13 +8,8 @@ import threading
 
 import pytest
 
-from kubeletplugin.checkpoint import (
-    CHECKPOINT_VERSION,
-    CheckpointError,
-    CheckpointStore,
-    decode,
-    encode,
-)
+from kubeletplugin.checkpoint import CHECKPOINT_VERSION, CheckpointError, decode, encode, entry_to_json
+from kubeletplugin.checkpointstore import CheckpointStore
 from tests.builders.checkpoint import full_entry
 
 UID = "7c1d0c4e-2f7e-4a55-9c8e-1f2a3b4c5d6e"
@@ -164,14 +159,15 @@ def test_concurrent_puts_from_two_stores_lose_nothing(tmp_path):
 def _with_checksum(claims: dict) -> bytes:
     import hashlib
 
-    from kubeletplugin.checkpoint import _canonical
+    from kubeletplugin.checkpoint import canonical
 
-    checksum = "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
+    checksum = "sha256:" + hashlib.sha256(canonical(claims)).hexdigest()
     return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum, "claims": claims}).encode()
 
 
 def test_an_entry_with_only_the_required_fields_decodes_with_empty_lists():
-    entries = decode(_with_checksum({UID: {"uid": UID, "namespace": "ns", "name": "c", "state": "PrepareStarted"}}))
+    bare = {"uid": UID, "namespace": "ns", "name": "c", "state": "PrepareStarted"}
+    entries = decode(_with_checksum({UID: bare})).entries
     entry = entries[UID]
     assert (entry.devices, entry.gpu_uses, entry.migs, entry.time_slices) == ((), (), (), ())
     assert entry.allocation is None and entry.mps is None
@@ -180,11 +176,11 @@ def test_an_entry_with_only_the_required_fields_decodes_with_empty_lists():
 def test_the_checksum_does_not_depend_on_key_order():
     claims = json.loads(encode({UID: full_entry()}))["claims"]
     reordered = {UID: dict(reversed(list(claims[UID].items())))}  # an editor or another encoder may reorder keys
-    assert decode(_with_checksum(claims)) == decode(_with_checksum(reordered)) == {UID: full_entry()}
+    assert decode(_with_checksum(claims)).entries == decode(_with_checksum(reordered)).entries == {UID: full_entry()}
     data = encode({UID: full_entry()})
     doc = json.loads(data)
     doc["claims"] = reordered
-    assert decode(json.dumps(doc).encode()) == {UID: full_entry()}
+    assert decode(json.dumps(doc).encode()).entries == {UID: full_entry()}
 
 
 @pytest.mark.parametrize(
@@ -204,7 +200,7 @@ def test_decode_says_what_is_wrong(data, message):
 
 
 def test_an_allocation_that_is_not_an_object_is_a_malformed_entry():
-    entry = full_entry().to_dict()
+    entry = entry_to_json(full_entry())
     entry["allocation"] = ["not", "an", "object"]
     expected = r"malformed claim entry: TypeError\('allocation must be an object, got list'\)"
     with pytest.raises(CheckpointError, match=expected):

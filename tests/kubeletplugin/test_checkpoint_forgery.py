@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from driver.cdi import claim_spec_uids, read_spec, spec_path
-from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, _canonical
+from kubeletplugin.checkpoint import canonical
+from kubeletplugin.checkpointstore import FILE_NAME, CheckpointStore
 from kubeletplugin.fsguard import UnsafeDirectoryError
 from kubeletplugin.mps import mps_paths
 from tests.builders.claims import UID, share
@@ -39,7 +40,7 @@ def _forge(state_dir: Path, edit: Any) -> None:
     path = state_dir / FILE_NAME
     doc = json.loads(path.read_bytes())
     edit(doc["claims"])
-    doc["checksum"] = "sha256:" + hashlib.sha256(_canonical(doc["claims"])).hexdigest()
+    doc["checksum"] = "sha256:" + hashlib.sha256(canonical(doc["claims"])).hexdigest()
     path.write_text(json.dumps(doc))
 
 

@@ -7,28 +7,20 @@ history, so "a rollback can read what this build wrote" is checked against the c
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from kubeletplugin.checkpoint import (
-    FILE_NAME,
-    FORMAT,
-    CheckpointFromNewerBuild,
-    CheckpointStore,
-    ClaimState,
-    encode,
-)
+from kubeletplugin.checkpoint import FORMAT, CheckpointFromNewerBuild, ClaimEntry, ClaimState, encode
+from kubeletplugin.checkpointstore import FILE_NAME, CheckpointStore
 from tests.builders.checkpoint import full_entry
 from tests.builders.claims import UID, share
 from tests.builders.state import UID2, make_state, prepare
-from tests.paths import REPO
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint" / "format1.json"
 
@@ -61,34 +53,50 @@ def test_the_next_write_upgrades_the_file_and_keeps_it_readable_by_format_1(tmp_
     prepare(state, [share("gpu-2", "5Gi")], uid="11111111-2222-4333-8444-555555555555", name="new")
     doc = json.loads(path.read_bytes())
     assert (doc["version"], doc["format"], doc["bootID"]) == (1, FORMAT, state.store.boot_id)
-    previous = _previous_build_checkpoint_module()
-    entries = previous.decode(path.read_bytes())
-    assert sorted(entries) == sorted([UID, UID2, "11111111-2222-4333-8444-555555555555"])
+    assert _previous_build_reads(path, tmp_path) == sorted([UID, UID2, "11111111-2222-4333-8444-555555555555"])
 
 
-# modules renamed after the previous build, old -> new
-MOVED_MODULES = {"kubeletplugin.types": "kubeletplugin.kubeletclaims"}
-
-
-def _previous_build_checkpoint_module() -> ModuleType:
-    """kubeletplugin/checkpoint.py as the newest commit before format 2 had it, loaded from git."""
-    from e2e.node.previous_build import NoPreviousBuild, last_commit_without
+def _previous_build_reads(path: Path, tmp_path: Path, marker: str = "READABLE_SINCE") -> list[str]:
+    """The claim uids an older build decodes from `path` (by default the newest one before format 2;
+    `marker` picks the newest build whose checkpoint.py lacks it), from its own tree (git archive) in
+    its own interpreter, so what is checked is the code a rollback would run. Its error, if it refuses."""
+    from e2e.node.previous_build import NoPreviousBuild, extract, last_commit_without
 
     try:
-        commit = last_commit_without("kubeletplugin/checkpoint.py", "READABLE_SINCE")
+        tree = extract(last_commit_without("kubeletplugin/checkpoint.py", marker), tmp_path / f"previous-{marker}")
     except NoPreviousBuild as exc:
         pytest.skip(str(exc))
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:kubeletplugin/checkpoint.py"],
-                            capture_output=True, text=True, check=True).stdout
-    # the old file imports the current tree: follow the modules renamed since
-    for old, new in MOVED_MODULES.items():
-        source = source.replace(f"from {old} import", f"from {new} import")
-    spec = importlib.util.spec_from_loader(f"checkpoint_{commit[:8]}", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    exec(compile(source, f"{commit[:8]}:kubeletplugin/checkpoint.py", "exec"), module.__dict__)
-    return module
+    script = ("import json, sys; from kubeletplugin.checkpoint import decode\n"
+              "got = decode(open(sys.argv[1], 'rb').read())\n"
+              "print(json.dumps(sorted(got.entries if hasattr(got, 'entries') else got)))")
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=tree, capture_output=True, text=True,
+                          check=False, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr.strip().splitlines()[-1])
+    uids: list[str] = json.loads(proc.stdout)
+    return uids
+
+
+def _two_daemons(uid: str) -> ClaimEntry:
+    first = full_entry(uid).mps_daemons[0]
+    second = dataclasses.replace(first, claim_uid=f"{uid}-mps1")
+    return dataclasses.replace(full_entry(uid), mps_daemons=(first, second))
+
+
+@pytest.mark.parametrize("marker", ["READABLE_SINCE", "SEVERAL_DAEMONS_SINCE"], ids=["format-1", "format-2"])
+def test_older_builds_read_claims_of_one_daemon_and_refuse_a_claim_of_two(tmp_path: Path, marker: str) -> None:
+    store = CheckpointStore(tmp_path / "state", boot_id="boot-a")
+    store.save({UID: full_entry(UID)})
+    assert json.loads(store.path.read_bytes())["version"] == 1
+    assert _previous_build_reads(store.path, tmp_path, marker) == [UID]
+    store.save({UID: full_entry(UID), UID2: _two_daemons(UID2)})
+    assert json.loads(store.path.read_bytes())["version"] == 3
+    # format 2 (the build before this one) keeps the file and stops; format 1 only says it cannot read it
+    refusal = "CheckpointFromNewerBuild: written by a newer tessera" if marker != "READABLE_SINCE" else \
+        "CheckpointError: version 3, this build reads version 1"
+    with pytest.raises(AssertionError, match=refusal):
+        _previous_build_reads(store.path, tmp_path, marker)
+    assert CheckpointStore(tmp_path / "state").load()[UID2].mps_daemons == _two_daemons(UID2).mps_daemons
 
 
 def test_a_file_from_a_newer_incompatible_build_is_kept_and_stops_the_agent(tmp_path: Path) -> None:
@@ -143,23 +151,23 @@ def test_the_plugin_refuses_to_start_on_a_newer_builds_checkpoint(tmp_path: Path
 
 
 def test_a_document_without_format_is_format_1_and_one_that_says_format_2_is_read_as_such() -> None:
-    from kubeletplugin.checkpoint import decode_document
+    from kubeletplugin.checkpoint import decode
 
     doc = json.loads(encode({UID: full_entry()}, "boot-a"))
-    assert decode_document(json.dumps(doc).encode()).format == FORMAT
+    assert decode(json.dumps(doc).encode()).format == FORMAT
     del doc["format"], doc["bootID"]
-    legacy = decode_document(json.dumps(doc).encode())
+    legacy = decode(json.dumps(doc).encode())
     assert legacy.format == 1 and legacy.boot_id == "" and list(legacy.entries) == [UID]
 
 
 @pytest.mark.parametrize("boot_id", [7, None, ["b"]])
 def test_a_boot_id_that_is_not_a_string_is_refused_by_name(boot_id: object) -> None:
-    from kubeletplugin.checkpoint import CheckpointError, decode_document
+    from kubeletplugin.checkpoint import CheckpointError, decode
 
     doc = json.loads(encode({}, "boot-a"))
     doc["bootID"] = boot_id
     with pytest.raises(CheckpointError, match=f"^bootID must be a string, got {type(boot_id).__name__}$"):
-        decode_document(json.dumps(doc).encode())
+        decode(json.dumps(doc).encode())
 
 
 def test_the_boot_id_given_to_the_store_is_the_one_it_writes(tmp_path: Path) -> None:
@@ -176,7 +184,7 @@ def test_stamping_the_boot_writes_only_an_existing_file_of_another_boot(tmp_path
     CheckpointStore(tmp_path, boot_id="boot-a").save({UID: full_entry()})
     before = store.path.stat().st_ino
     store.stamp_boot()
-    assert json.loads(store.path.read_bytes())["bootID"] == "boot-b" and store.written_in_boot == "boot-b"
+    assert json.loads(store.path.read_bytes())["bootID"] == "boot-b" and store.read().boot_id == "boot-b"
     again = store.path.stat().st_ino
     assert again != before
     store.stamp_boot()
@@ -184,7 +192,7 @@ def test_stamping_the_boot_writes_only_an_existing_file_of_another_boot(tmp_path
 
 
 def test_a_machine_without_a_boot_id_records_none(tmp_path: Path) -> None:
-    from kubeletplugin.checkpoint import current_boot_id
+    from kubeletplugin.checkpointstore import current_boot_id
 
     assert current_boot_id(tmp_path / "missing") == ""
     (tmp_path / "boot_id").write_text("abc-123\n")
@@ -198,3 +206,9 @@ def test_a_file_this_store_saved_in_this_boot_is_not_stamped_again(tmp_path: Pat
     written = store.path.stat().st_ino
     store.stamp_boot()
     assert store.path.stat().st_ino == written, "the file already records this boot: no second write"
+
+
+def test_the_boot_a_file_was_written_in_is_part_of_what_is_read(tmp_path: Path) -> None:
+    CheckpointStore(tmp_path, boot_id="boot-a").save({UID: full_entry()})
+    read = CheckpointStore(tmp_path, boot_id="boot-b").read()
+    assert (read.boot_id, read.format, list(read.entries)) == ("boot-a", FORMAT, [UID])

@@ -614,3 +614,35 @@ def test_time_slicing_config_reaches_the_gpu_and_is_reset_at_unprepare(real: Rea
     assert list(json.loads(recorded.read_text()).values()) == ["Long"]
     assert real.conn.unprepare([ref_of(claim)]) == {uid(11): ""}
     assert json.loads(recorded.read_text()) == {}
+
+
+def test_a_failure_from_device_state_is_counted_under_its_error_class_reason(rig: Rig) -> None:
+    from driver.allocation import AllocationError
+    from kubeletplugin.migmanager import MigError
+
+    good, bad = rig.api.add_claim(make_claim("a")), rig.api.add_claim(make_claim("b"))
+    errors = {"a": AllocationError("device 'gpu-9' is not on node node-a"), "b": MigError("no MIG table")}
+
+    def fail(ref: ClaimRef) -> None:
+        raise errors[ref.name]
+
+    rig.state.on_prepare = fail
+    answer = rig.conn.prepare([ref_of(good), ref_of(bad)])
+    assert answer["uid-a"].error == "device 'gpu-9' is not on node node-a"
+    m = rig.metrics
+    assert counter(m, "tessera_plugin_claim_errors_total", operation="prepare", reason="allocation") == 1
+    assert counter(m, "tessera_plugin_claim_errors_total", operation="prepare", reason="mig") == 1
+    assert counter(m, "tessera_plugin_claim_errors_total", operation="prepare", reason="prepare") == 0
+
+
+def test_a_claim_failure_is_a_plain_value_not_an_exception() -> None:
+    from kubeletplugin.draservice import ClaimFailure, check_claim
+
+    assert not issubclass(ClaimFailure, BaseException)
+    failure = check_claim(ClaimRef("default", "c", "uid-c"), {"metadata": {"uid": "uid-other"}})
+    assert failure == ClaimFailure(
+        "ResourceClaim default/c has uid uid-other but kubelet asked for uid uid-c: the claim was deleted and "
+        "re-created; nothing was prepared",
+        "claim_replaced",
+    )
+    assert check_claim(ref_of(make_claim("c")), make_claim("c"), pool=NODE) is None

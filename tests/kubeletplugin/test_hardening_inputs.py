@@ -25,7 +25,8 @@ from driver.allocation import AllocationError, resolve_device
 from driver.cdi import CdiError, check_claim_uid, device_name
 from driver.grammars import is_c_identifier, is_dns_label, is_dns_subdomain
 from driver.semver import Version
-from kubeletplugin.checkpoint import FILE_NAME, MAX_DEPTH, CheckpointError, _canonical, decode
+from kubeletplugin.checkpoint import MAX_DEPTH, CheckpointError, canonical, decode
+from kubeletplugin.checkpointstore import FILE_NAME
 from kubeletplugin.kubeletclaims import ClaimRef
 from tessera.cmd_check import check_files
 from tests.builders.claims import UID, inventory, result, share
@@ -35,7 +36,7 @@ from tests.builders.state import make_state, prepare
 
 
 def _checkpoint(claims: object) -> bytes:
-    checksum = "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()  # type: ignore[arg-type]
+    checksum = "sha256:" + hashlib.sha256(canonical(claims)).hexdigest()  # type: ignore[arg-type]
     return json.dumps({"version": 1, "checksum": checksum, "claims": claims}).encode()
 
 
@@ -63,7 +64,7 @@ def test_a_valid_checkpoint_nested_past_the_limit_is_refused(tmp_path: Path) -> 
     with pytest.raises(CheckpointError, match=f"nested deeper than {MAX_DEPTH} levels"):
         decode(_checkpoint(claims))
     claims[UID]["allocation"]["extra"] = nested[0]  # type: ignore[index]  # exactly at the limit: accepted
-    assert UID in decode(_checkpoint(claims))
+    assert UID in decode(_checkpoint(claims)).entries
 
 
 # -- names matched to the end -----------------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_unprepares_of_unknown_uids_leave_no_lock_behind(tmp_path: Path) -> None
     state = make_state(tmp_path)
     for n in range(50_000):
         state.unprepare(ClaimRef("default", "gone", f"00000000-0000-4000-8000-{n:012d}"))
-    assert len(state._locks) == 0
+    assert state.locks.in_use() == {}
 
 
 def test_a_claim_lock_lives_while_it_is_held_or_awaited_and_still_serializes(tmp_path: Path) -> None:
@@ -123,17 +124,17 @@ def test_a_claim_lock_lives_while_it_is_held_or_awaited_and_still_serializes(tmp
         state.unprepare(ref)
         done.set()
 
-    with state._claim_lock(UID):
+    with state.locks.hold(UID):
         worker = threading.Thread(target=unprepare)
         worker.start()
         deadline = time.monotonic() + 10
-        while state._locks[UID].users < 2 and time.monotonic() < deadline:
+        while state.locks.in_use().get(UID, 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert state._locks[UID].users == 2  # the unprepare waits for the same lock, not a new one
+        assert state.locks.in_use()[UID] == 2  # the unprepare waits for the same lock, not a new one
         assert not done.wait(0.05)
     worker.join(10)
     assert done.is_set()
-    assert state._locks == {}
+    assert state.locks.in_use() == {}
 
 
 # -- `tessera check` on hostile YAML ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.migmanager import CreatedMig, MigError
 from kubeletplugin.state import DeviceState
 from tests.builders.claims import UID, inventory, result
-from tests.builders.state import Crash, crash_at, env_of, make_state, prepare, spec_of
+from tests.builders.state import Crash, crash_at, make_state, prepare, spec_of, visible_of
 
 MIG = "h100-16-mig"
 
@@ -55,7 +55,7 @@ def test_a_retry_takes_over_each_recorded_instance_for_its_own_device(tmp_path: 
     assert not prepare(retry, results).error
     assert retry.prepared_claims()[UID].migs == recorded
     assert _instances_of(retry) == set(recorded)  # nothing new created, nothing left over
-    assert env_of(spec_of(retry))["CUDA_VISIBLE_DEVICES"] == ",".join(m.uuid for m in recorded)
+    assert visible_of(spec_of(retry)) == ",".join(m.uuid for m in recorded)
 
 
 def test_a_retry_creates_again_a_recorded_instance_that_vanished(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_a_device_other_than_a_dynamic_instance_before_one_does_not_stop_its_cre
     assert not prepare(state, [result("gpu-0", "whole"), result("gpu-1-mig-1g10gb-2", "mig")]).error
     (created,) = state.mig.created()
     assert state.prepared_claims()[UID].migs == (created,)
-    assert env_of(spec_of(state))["CUDA_VISIBLE_DEVICES"] == f"{inventory(MIG).gpus[0].uuid},{created.uuid}"
+    assert visible_of(spec_of(state)) == f"{inventory(MIG).gpus[0].uuid},{created.uuid}"
 
 
 def test_one_instance_serves_a_device_allocated_twice_in_a_claim(tmp_path: Path) -> None:

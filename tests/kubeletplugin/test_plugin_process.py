@@ -196,7 +196,7 @@ def test_invalid_flags_exit_2_with_the_reason(root: Path, capsys: pytest.Capture
 
 
 def test_config_rejects_what_cannot_work(root: Path) -> None:
-    from kubeletplugin.plugin import PluginConfigError
+    from kubeletplugin.pluginconfig import PluginConfigError
 
     with pytest.raises(PluginConfigError, match="--node-name is required"):
         make_config(root, node_name="")
@@ -204,8 +204,6 @@ def test_config_rejects_what_cannot_work(root: Path) -> None:
         make_config(root, nvml=True)
     with pytest.raises(PluginConfigError, match="--mig-strategy must be one of none, static, dynamic"):
         make_config(root, mig_strategy="auto")
-    with pytest.raises(PluginConfigError, match="--cdi-dir must be an absolute path"):
-        make_config(root, cdi_dir=Path("cdi"))
     with pytest.raises(PluginConfigError, match="--cdi-host-driver-root needs --cdi-driver-root"):
         make_config(root, cdi_host_driver_root="/")
     with pytest.raises(PluginConfigError, match="--cdi-host-driver-root must be an absolute host path"):
@@ -223,6 +221,6 @@ def test_cdi_specs_name_the_host_path_of_a_driver_root_mounted_elsewhere(root: P
     from driver.discovery import load_inventory
 
     state = build_device_state(config, load_inventory("node-a", simulate="t4-4"))
-    assert state.driver_root is not None
-    sources = [m.host_path for m in state.driver_root.container_edits().mounts]
+    assert state.steps.driver_root is not None
+    sources = [m.host_path for m in state.steps.driver_root.container_edits().mounts]
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in sources

@@ -52,8 +52,8 @@ def test_a_temp_file_not_older_than_the_agent_is_kept_and_the_next_stale_one_sti
     """A file as young as this agent may be a write of the other instance still in progress; the
     files after it in the listing are still looked at."""
     state = make_state(tmp_path)
-    young = _temp_file(state.state_dir, ".a-young.tmp", state._started)  # written as this agent started
-    later = _temp_file(state.state_dir, ".b-later.tmp", state._started + 60)
+    young = _temp_file(state.state_dir, ".a-young.tmp", state.recovery.started)  # written as this agent started
+    later = _temp_file(state.state_dir, ".b-later.tmp", state.recovery.started + 60)
     stale = _temp_file(state.state_dir, ".c-stale.tmp")
     report = state.recover()
     assert report.temp_files_removed == [str(stale)]
@@ -125,7 +125,7 @@ def test_a_claim_the_other_instance_released_meanwhile_does_not_stop_the_others(
     the claim. The claims after it are restored all the same."""
     state = _two_claims(tmp_path)
     first, second = state.store.load()
-    real_claim = state.claim_locks.claim
+    real_claim = state.locks.node_locks.claim
 
     @contextlib.contextmanager
     def claim(uid: str) -> Iterator[None]:
@@ -134,7 +134,7 @@ def test_a_claim_the_other_instance_released_meanwhile_does_not_stop_the_others(
                 state.store.drop(uid)  # what the other instance did while we waited
             yield
 
-    monkeypatch.setattr(state.claim_locks, "claim", claim)
+    monkeypatch.setattr(state.locks.node_locks, "claim", claim)
     report = state.recover_claims()
     assert report.specs_rewritten == [second]
     assert report.failed == {}
@@ -148,7 +148,7 @@ def test_recover_claims_takes_each_claims_node_wide_lock_and_recover_takes_none(
     calls; recover() holds the node lock already (a claim lock under it would be taken twice)."""
     state = _two_claims(tmp_path)
     locked: list[str] = []
-    real_claim = state.claim_locks.claim
+    real_claim = state.locks.node_locks.claim
 
     @contextlib.contextmanager
     def claim(uid: str) -> Iterator[None]:
@@ -156,7 +156,7 @@ def test_recover_claims_takes_each_claims_node_wide_lock_and_recover_takes_none(
         with real_claim(uid):
             yield
 
-    monkeypatch.setattr(state.claim_locks, "claim", claim)
+    monkeypatch.setattr(state.locks.node_locks, "claim", claim)
     assert sorted(state.recover_claims().specs_rewritten) == sorted([UID, UID2])
     assert sorted(locked) == sorted([UID, UID2])
     locked.clear()

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from driver.cdi import claim_spec_uids
-from kubeletplugin.checkpoint import CheckpointStore, ClaimState
+from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.checkpointstore import CheckpointStore
 from kubeletplugin.kubeletclaims import ClaimRef
 from tests.builders.plugin import NODE, make_config
 from tests.fakes.apiserver import FakeKubeAPI

@@ -33,12 +33,12 @@ from driver.cdi import claim_spec_uids
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
 from kubeletplugin.kubeletclaims import ClaimRef, PrepareResult
-from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import SimulatedTimeSlicer
-from tests.builders.claims import gpu_config, inventory, make_claim, result, share
+from tests.builders.claims import gpu_config, make_claim, result, share
 from tests.builders.plugin import NODE, PluginProcess, mps_records
+from tests.builders.state import make_steps
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.kubeletclient import KubeletClient, short_tmpdir
 
@@ -147,8 +147,7 @@ class CountingHook:
 
 def node(root: Path, hook: Callable[[str], None]) -> DeviceState:
     state_dir = root / "state"
-    return DeviceState(inventory(PROFILE), root / "cdi", state_dir, "node-a", SimulatedMpsControl(state_dir),
-                       SimulatedMigManager(state_dir), fault_hook=hook, timeslicer=SimulatedTimeSlicer(state_dir))
+    return DeviceState(make_steps(root, PROFILE, hook, timeslicer=SimulatedTimeSlicer(state_dir)), "node-a")
 
 
 def run_op(state: DeviceState, op: Op) -> PrepareResult | str:
@@ -180,9 +179,9 @@ def assert_consistent(state: DeviceState, prepared: dict[str, ClaimPlan]) -> Non
     owned = sorted(m.uuid for e in entries.values() for m in e.migs)
     assert sorted(m.uuid for m in state.mig.created()) == owned, "MIG instance that no claim owns"
     assert len(owned) == sum(p.mig_count for p in prepared.values())
-    assert isinstance(state.timeslicer, SimulatedTimeSlicer)
+    assert isinstance(state.steps.timeslicer, SimulatedTimeSlicer)
     sliced = {u for e in entries.values() for u, _ in e.time_slices}
-    assert set(state.timeslicer.intervals()) <= sliced, "time-slice interval left on a released card"
+    assert set(state.steps.timeslicer.intervals()) <= sliced, "time-slice interval left on a released card"
     for d in (state.cdi_dir, state.state_dir):
         leftovers = [p.name for p in d.rglob(".*.tmp")] if d.exists() else []
         assert leftovers == [], f"temporary files left in {d}"
@@ -403,11 +402,11 @@ def test_recover_removes_temp_files_a_kill_left_and_nothing_else(tmp_path: Path)
     foreign = state.cdi_dir / ".vendor.example-gpu.json.ef56.tmp"  # another driver's file in the shared dir
     for path in (stale_spec, stale_state, foreign):
         path.write_text("{")
-        os.utime(path, (state._started - 60, state._started - 60))
+        os.utime(path, (state.recovery.started - 60, state.recovery.started - 60))
     restarted = node(tmp_path, CountingHook())
     young = restarted.state_dir / ".fake-mps.json.gh78.tmp"  # a write that started after this agent did
     young.write_text("{")
-    os.utime(young, (restarted._started + 1, restarted._started + 1))
+    os.utime(young, (restarted.recovery.started + 1, restarted.recovery.started + 1))
     report = restarted.recover()
     assert sorted(report.temp_files_removed) == sorted([str(stale_spec), str(stale_state)])
     assert not stale_spec.exists() and not stale_state.exists()

@@ -20,22 +20,21 @@ from pathlib import Path
 import pytest
 
 from driver.cdi import claim_spec_uids, read_spec
-from kubeletplugin.checkpoint import FILE_NAME, CheckpointStore, ClaimState, encode
+from kubeletplugin.checkpoint import ClaimState, encode
+from kubeletplugin.checkpointstore import FILE_NAME, CheckpointStore
 from kubeletplugin.draservice import claim_failure
 from kubeletplugin.kubeletclaims import ClaimRef
-from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
-from tests.builders.claims import inventory, make_claim, result, share
+from tests.builders.claims import make_claim, result, share
+from tests.builders.state import make_steps
 
 UID = "00000000-0000-4000-8000-0000000d15c0"
 UID2 = "00000000-0000-4000-8000-0000000d15c1"
 
 
 def node(root: Path) -> DeviceState:
-    state_dir = root / "state"
-    return DeviceState(inventory("dgx-h100-8"), root / "cdi", state_dir, "node-a", SimulatedMpsControl(state_dir),
-                       SimulatedMigManager(state_dir))  # fmt: skip
+    return DeviceState(make_steps(root), "node-a")
 
 
 def prepare_share(state: DeviceState, uid: str = UID, device: str = "gpu-1") -> str:

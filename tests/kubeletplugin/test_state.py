@@ -16,6 +16,7 @@ from driver.allocation import AllocationError
 from driver.cdi import claim_spec_uids, read_spec, spec_path, write_spec
 from driver.driverroot import discover_driver_root
 from kubeletplugin.checkpoint import ClaimState
+from kubeletplugin.devicesteps import DeviceSteps
 from kubeletplugin.faults import MPS_START, PREPARE_STEPS, UNPREPARE_STEPS, fail_at
 from kubeletplugin.kubeletclaims import PreparedDevice, PrepareResult
 from kubeletplugin.migmanager import SimulatedMigManager
@@ -27,6 +28,7 @@ from tests.builders.state import (
     UID2,
     Crash,
     crash_at,
+    device_env,
     env_of,
     make_state,
     prepare,
@@ -34,6 +36,7 @@ from tests.builders.state import (
     simulated_mps,
     spec_of,
     unprepare,
+    visible_of,
 )
 
 GIB = 1024**3
@@ -55,11 +58,13 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
         {
             "name": f"{UID}-gpu-3",
             "containerEdits": {
-                "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor}", "type": "c", "major": 195, "minor": gpu.minor}]
+                "env": [f"TESSERA_DEVICES_{UID.upper().replace('-', '_')}_GPU={gpu.uuid}"],
+                "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor}", "type": "c", "major": 195, "minor": gpu.minor}],
             },
         }
     ]
-    assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == gpu.uuid
+    assert visible_of(spec) == gpu.uuid
+    assert env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == "void" and "CUDA_VISIBLE_DEVICES" not in env_of(spec)
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env_of(spec)
     assert simulated_mps(state).daemons() == {}
     entry = state.prepared_claims()[UID]
@@ -69,9 +74,9 @@ def test_whole_gpu_prepare_answers_cdi_ids_and_writes_the_spec(tmp_path):
 
 def test_real_node_spec_leaves_device_numbers_to_the_runtime(tmp_path):
     state = make_state(tmp_path)
-    state = DeviceState(
-        dataclasses.replace(inventory(), source="nvml"), state.cdi_dir, state.state_dir, "node-a", state.mps, state.mig
-    )
+    steps = DeviceSteps(dataclasses.replace(inventory(), source="nvml"), state.cdi_dir, state.state_dir, state.mps,
+                        state.mig)  # fmt: skip
+    state = DeviceState(steps, "node-a")
     prepare(state, [result("gpu-3")])
     spec = spec_of(state)
     minor = inventory().gpu_by_index(3).minor
@@ -99,9 +104,9 @@ def test_memory_share_starts_an_mps_daemon_with_the_share_as_limit(tmp_path):
     assert daemon.limits_mib == (12 * 1024,)
     assert daemon.active_thread_percentage == 25
     spec = spec_of(state)
-    assert env_of(spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-    assert not any("LIMIT" in key or "PERCENTAGE" in key for key in env_of(spec))
-    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert device_env(spec, 0)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert not any("LIMIT" in key or "PERCENTAGE" in key for key in [*env_of(spec), *device_env(spec, 0)])
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
     assert mounts["/tmp/nvidia-mps"] == str(mps_paths(state.state_dir, UID).pipe_dir)
     assert mounts["/dev/shm"] == str(mps_paths(state.state_dir, UID).shm_dir)
     assert state.prepared_claims()[UID].mps == daemon
@@ -123,7 +128,7 @@ def test_four_card_share_runs_one_daemon_in_result_order(tmp_path):
     (daemon,) = simulated_mps(state).daemons().values()
     assert daemon.gpu_uuids == tuple(uuids)
     assert daemon.limits_mib == (4096, 4096, 4096, 4096)
-    assert env_of(spec_of(state))["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert visible_of(spec_of(state)) == ",".join(uuids)
 
 
 def test_two_shares_of_one_card_in_one_claim_add_up(tmp_path):
@@ -147,7 +152,7 @@ def test_static_mig_device_gets_its_capability_nodes(tmp_path):
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes[0] == f"/dev/nvidia{minor}"
     assert all(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes[1:]) and len(nodes) == 3
-    assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == instance.uuid
+    assert visible_of(spec) == instance.uuid
     assert SimulatedMigManager(state.state_dir).created() == []
 
 
@@ -158,7 +163,7 @@ def test_dynamic_mig_instance_is_created_at_prepare_and_destroyed_at_unprepare(t
     (created,) = state.mig.created()
     assert (created.gpu_index, created.profile, created.placement) == (2, "3g.40gb", 4)
     spec = spec_of(state)
-    assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == created.uuid
+    assert visible_of(spec) == created.uuid
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert f"/dev/nvidia-caps/nvidia-cap{3 + created.gpu_minor * 135 + created.gpu_instance_id * 9}" in nodes
     assert state.prepared_claims()[UID].migs == (created,)
@@ -339,21 +344,81 @@ def test_invalid_config_is_an_error_in_the_result(tmp_path):
     assert got.error.startswith("status.allocation.devices.config[0].opaque.parameters.sharing.mps")
 
 
-def test_mixing_mps_and_exclusive_devices_in_one_claim_is_an_error(tmp_path):
-    got = prepare(make_state(tmp_path), [share("gpu-0", "4Gi", "small"), result("gpu-1", "big")])
-    assert got.error == (
-        "ResourceClaim team-a/claim: one MPS daemon serves the whole claim, so either all of its devices use "
-        "strategy MPS (memory shares always do) or none; put the other devices in a separate claim"
-    )
+def _mounts(spec, index):
+    return [m["containerPath"] for m in spec["devices"][index]["containerEdits"].get("mounts", [])]
 
 
-def test_different_thread_percentages_in_one_claim_is_an_error(tmp_path):
+def test_a_claim_mixes_an_mps_request_and_an_exclusive_one(tmp_path):
+    state = make_state(tmp_path)
+    got = prepare(state, [share("gpu-0", "4Gi", "small"), result("gpu-1", "big")])
+    assert not got.error
+    spec = spec_of(state)
+    assert _mounts(spec, 0) == ["/tmp/nvidia-mps", "/dev/shm"] and _mounts(spec, 1) == []
+    assert device_env(spec, 0)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in device_env(spec, 1)
+    assert "mounts" not in spec["containerEdits"], "nothing of MPS is claim-wide"
+    (daemon,) = state.prepared_claims()[UID].mps_daemons
+    assert daemon.gpu_uuids == (inventory().gpus[0].uuid,) and daemon.limits_mib == (4 * 1024,)
+
+
+def test_requests_with_different_mps_settings_get_a_daemon_each(tmp_path):
+    state = make_state(tmp_path)
     got = prepare(
-        make_state(tmp_path),
+        state,
         [share("gpu-0", "4Gi", "a", "00000000-0000-4000-8000-00000000000a"), share("gpu-1", "4Gi", "b")],
         [gpu_config(requests=("a",), mps={"activeThreadPercentage": 20})],
     )
-    assert "activeThreadPercentage must be the same" in got.error
+    assert not got.error
+    daemons = state.prepared_claims()[UID].mps_daemons
+    assert [(d.claim_uid, d.active_thread_percentage) for d in daemons] == [(UID, 20), (f"{UID}-mps1", None)]
+    spec = spec_of(state)
+    pipes = [m["hostPath"] for i in (0, 1) for m in spec["devices"][i]["containerEdits"]["mounts"]
+             if m["containerPath"] == "/tmp/nvidia-mps"]  # fmt: skip
+    assert pipes == [d.pipe_dir for d in daemons]
+    assert json.loads((state.state_dir / "checkpoint.json").read_bytes())["version"] == 3, \
+        "two daemons for one claim: a build that knows only one must not read it"
+    assert unprepare(state, ref()) == ""
+    assert simulated_mps(state).daemons() == {}
+
+
+def test_requests_with_the_same_mps_settings_share_one_daemon(tmp_path):
+    state = make_state(tmp_path)
+    got = prepare(state, [share("gpu-0", "4Gi", "a", "00000000-0000-4000-8000-00000000000a"),
+                          share("gpu-1", "8Gi", "b")])  # fmt: skip
+    assert not got.error
+    (daemon,) = state.prepared_claims()[UID].mps_daemons
+    assert daemon.claim_uid == UID and daemon.limits_mib == (4 * 1024, 8 * 1024)
+    assert json.loads((state.state_dir / "checkpoint.json").read_bytes())["version"] == 1
+
+
+def test_a_container_naming_one_request_gets_only_that_requests_devices(tmp_path):
+    state = make_state(tmp_path)
+    got = prepare(state, [result("gpu-2", "ts-gpu"), result("gpu-5", "mps-gpu")],
+                  [gpu_config(requests=("mps-gpu",), strategy="MPS")])  # fmt: skip
+    assert not got.error
+    ts, mps = got.devices
+    assert (ts.request_names, mps.request_names) == (("ts-gpu",), ("mps-gpu",))
+    spec = spec_of(state)
+    by_name = {d["name"]: i for i, d in enumerate(spec["devices"])}
+    ts_env = device_env(spec, by_name[ts.cdi_device_ids[0].split("=", 1)[1]])
+    mps_env = device_env(spec, by_name[mps.cdi_device_ids[0].split("=", 1)[1]])
+    key = f"TESSERA_DEVICES_{UID.upper().replace('-', '_')}"
+    assert ts_env == {f"{key}_TS_GPU": inventory().gpus[2].uuid}
+    assert mps_env[f"{key}_MPS_GPU"] == inventory().gpus[5].uuid and "CUDA_MPS_PIPE_DIRECTORY" in mps_env
+
+
+def test_nvidias_gpu_test5_claim_prepares_time_slicing_and_mps_side_by_side(tmp_path):
+    slicer = SimulatedTimeSlicer(tmp_path / "state")
+    state = make_state(tmp_path, timeslicer=slicer)
+    configs = [gpu_config(requests=("ts-gpu",), strategy="TimeSlicing", timeSlicing={"interval": "Long"}),
+               gpu_config(requests=("mps-gpu",), strategy="MPS",
+                          mps={"activeThreadPercentage": 50, "pinnedDeviceMemoryLimit": "10Gi"})]  # fmt: skip
+    got = prepare(state, [result("gpu-0", "ts-gpu"), result("gpu-1", "mps-gpu")], configs)
+    assert not got.error
+    assert slicer.intervals() == {inventory().gpus[0].uuid: "Long"}
+    (daemon,) = state.prepared_claims()[UID].mps_daemons
+    assert daemon.gpu_uuids == (inventory().gpus[1].uuid,)
+    assert (daemon.limits_mib, daemon.active_thread_percentage) == ((10 * 1024,), 50)
 
 
 def test_failed_mps_start_rolls_the_claim_back(tmp_path):
@@ -461,7 +526,7 @@ def test_retried_prepare_after_crash_rolls_forward_without_leaks(tmp_path, step)
     assert not got.error
     assert len(retry.mig.created()) == 1
     assert retry.prepared_claims()[UID].state == ClaimState.PREPARE_COMPLETED
-    assert env_of(spec_of(retry))["CUDA_VISIBLE_DEVICES"] == retry.mig.created()[0].uuid
+    assert visible_of(spec_of(retry)) == retry.mig.created()[0].uuid
 
 
 @pytest.mark.parametrize("step", PREPARE_STEPS)
@@ -478,7 +543,7 @@ def test_retried_share_prepare_after_crash_has_one_daemon(tmp_path, step):
 def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
     state = make_state(tmp_path, "h100-16-mig")
     prepare(state, [result("gpu-1-mig-1g10gb-2", "mig")])
-    state.fault_hook = crash_at(step)
+    state.steps.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     restarted = make_state(tmp_path, "h100-16-mig")
@@ -492,7 +557,7 @@ def test_crash_during_unprepare_is_finished_by_recover(tmp_path, step):
 def test_retried_unprepare_after_crash_succeeds(tmp_path, step):
     state = make_state(tmp_path)
     prepare(state, [share("gpu-1", "8Gi")])
-    state.fault_hook = crash_at(step)
+    state.steps.fault_hook = crash_at(step)
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)
@@ -543,7 +608,7 @@ def test_recover_recreates_a_vanished_dynamic_mig_instance_and_updates_the_spec(
     new = restarted.prepared_claims()[UID].migs[0]
     assert new.uuid != old.uuid and new.placement == old.placement
     spec = spec_of(restarted)
-    assert env_of(spec)["CUDA_VISIBLE_DEVICES"] == new.uuid
+    assert visible_of(spec) == new.uuid
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert f"/dev/nvidia-caps/nvidia-cap{3 + new.gpu_minor * 135 + new.gpu_instance_id * 9}" in nodes
     # the answer kubelet gets does not change
@@ -648,18 +713,6 @@ def test_a_conflict_on_the_second_card_of_a_prepared_claim_is_found(tmp_path):
     assert UID2 not in state.prepared_claims()
 
 
-def test_different_thread_percentages_error_names_the_claim_and_the_values(tmp_path):
-    got = prepare(
-        make_state(tmp_path),
-        [share("gpu-0", "4Gi", "a", "00000000-0000-4000-8000-00000000000a"), share("gpu-1", "4Gi", "b")],
-        [gpu_config(requests=("a",), mps={"activeThreadPercentage": 20})],
-    )
-    assert got.error == (
-        "ResourceClaim team-a/claim: one MPS daemon serves the whole claim, so sharing.mps.activeThreadPercentage "
-        "must be the same for all its devices, got [20, None]"
-    )
-
-
 def test_the_checkpoint_keeps_only_this_nodes_part_of_the_allocation(tmp_path):
     """Other pools' and drivers' results and configs are nulled in place, so result indices stay (an
     entry that is not an object is nulled too, as the allocation parser skips it)."""
@@ -675,7 +728,7 @@ def test_the_checkpoint_keeps_only_this_nodes_part_of_the_allocation(tmp_path):
 def test_prepare_after_an_interrupted_unprepare_finishes_it_and_prepares_afresh(tmp_path):
     state = make_state(tmp_path)
     assert not prepare(state, [share("gpu-1", "8Gi")]).error
-    state.fault_hook = crash_at("unprepare-after-checkpoint-started")
+    state.steps.fault_hook = crash_at("unprepare-after-checkpoint-started")
     with pytest.raises(Crash):
         state.unprepare(ref())
     retry = make_state(tmp_path)

@@ -22,10 +22,10 @@ from driver.cdi import read_spec
 from kubeletplugin.checkpoint import ClaimState
 from kubeletplugin.grpcservers import SocketPaths
 from kubeletplugin.kubeletclaims import ClaimRef
-from kubeletplugin.migmanager import SimulatedMigManager
 from kubeletplugin.mps import SimulatedMpsControl
 from kubeletplugin.state import DeviceState
-from tests.builders.claims import inventory, make_claim, share
+from tests.builders.claims import make_claim, share
+from tests.builders.state import make_steps
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.fakes.kubeletclient import KubeletClient, registration_sockets, short_tmpdir
 from tests.paths import REPO
@@ -77,7 +77,7 @@ def test_instance_id_names_both_sockets() -> None:
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "a b", "x" * 64])
 def test_instance_id_that_cannot_name_a_socket_is_refused(root: Path, bad: str) -> None:
-    from kubeletplugin.plugin import PluginConfig, PluginConfigError
+    from kubeletplugin.pluginconfig import PluginConfig, PluginConfigError
 
     with pytest.raises(PluginConfigError, match="--instance-id"):
         PluginConfig(node_name=NODE, kubelet_dir=root / "kubelet", instance_id=bad)
@@ -132,8 +132,7 @@ def pause_at(step: str, reached: threading.Event, release: threading.Event) -> C
 def instance_state(tmp_path: Path, hook: Callable[[str], None] = lambda _: None) -> DeviceState:
     """One instance's DeviceState: its own objects, the node's shared directories."""
     state_dir = tmp_path / "state"
-    return DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a", CountingMps(state_dir),
-                       SimulatedMigManager(state_dir), fault_hook=hook)  # fmt: skip
+    return DeviceState(make_steps(tmp_path, "dgx-h100-8", hook, mps=CountingMps(state_dir)), "node-a")
 
 
 def share_claim() -> dict[str, Any]:
@@ -201,8 +200,7 @@ def test_recovering_claims_while_serving_holds_up_no_other_claim(tmp_path: Path)
             return super().start(claim_uid, *args, **kwargs)
 
     state_dir = tmp_path / "state"
-    recovering_state = DeviceState(inventory("dgx-h100-8"), tmp_path / "cdi", state_dir, "node-a",
-                                   SlowMps(state_dir), SimulatedMigManager(state_dir))  # fmt: skip
+    recovering_state = DeviceState(make_steps(tmp_path, mps=SlowMps(state_dir)), "node-a")
     recovering, report = in_thread(recovering_state.recover_claims)
     assert in_restart.wait(20)
     other_uid = "0a9b8c7d-0000-4000-8000-000000000002"

@@ -298,3 +298,39 @@ def test_malformed_fields_are_reported_not_crashed_on():
 def test_spec_that_is_not_an_object_is_an_error():
     [f] = check_claim_spec("nope", "spec", ctx()).findings  # type: ignore[arg-type]
     assert (f.path, f.message) == ("spec", "must be an object")
+
+
+# -- how each request is shared ------------------------------------------------------------------
+
+
+def test_nvidias_gpu_test5_claim_mixing_time_slicing_and_mps_is_admitted() -> None:
+    spec = claim(exactly("ts-gpu"), exactly("mps-gpu"), config=[
+        gpu_config({"sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}, ["ts-gpu"]),
+        gpu_config({"sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 50,
+                                                            "pinnedDeviceMemoryLimit": "10Gi"}}}, ["mps-gpu"]),
+    ])  # fmt: skip
+    assert findings(spec) == ()
+
+
+def test_a_memory_share_that_a_config_time_slices_is_denied_naming_the_strategy() -> None:
+    spec = claim(exactly("small", capacity={"requests": {"memory": "4Gi"}}), exactly("big"),
+                 config=[gpu_config({"sharing": {"strategy": "TimeSlicing"}}, ["small"])])  # fmt: skip
+    f = only(spec)
+    assert f.severity == "error" and f.path == "spec.devices.config[0].opaque.parameters.sharing.strategy"
+    assert f.message.startswith('request "small": a memory share is enforced by an MPS daemon, so sharing.strategy '
+                                "must be MPS")
+
+
+def test_mps_settings_on_a_whole_gpu_without_the_mps_strategy_are_denied_naming_the_request() -> None:
+    f = only(claim(exactly("gpu"), config=[gpu_config({"sharing": {"mps": {"activeThreadPercentage": 50}}})]))
+    assert f.path == "spec.devices.requests[0].exactly"
+    assert f.message == 'request "gpu": sharing.mps is set but the strategy is Exclusive; set strategy MPS'
+
+
+def test_a_class_that_time_slices_cannot_carry_a_memory_share() -> None:
+    ts = device_class("ts.gpu.tessera.dev", 'device.driver == "gpu.tessera.dev"', config=[gpu_config(
+        {"sharing": {"strategy": "TimeSlicing"}})])  # fmt: skip
+    context = CheckContext(schema=published_schema(), samples=sample_index(), inventory=None,
+                           classes={**CLASSES, "ts.gpu.tessera.dev": ts}, classes_complete=True)  # fmt: skip
+    f = only(claim(exactly("gpu", cls="ts.gpu.tessera.dev", capacity={"requests": {"memory": "4Gi"}})), context)
+    assert f.path == "spec.devices.requests[0].exactly" and "got TimeSlicing" in f.message

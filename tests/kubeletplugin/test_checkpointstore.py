@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from driver.atomicfile import write_atomic
-from kubeletplugin import checkpoint
-from kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
+from kubeletplugin import checkpointstore
+from kubeletplugin.checkpoint import Checkpoint, ClaimEntry, ClaimState
+from kubeletplugin.checkpointstore import CheckpointStore
 from kubeletplugin.migmanager import MigError
 from kubeletplugin.state import DeviceState
 from kubeletplugin.timeslicing import SimulatedTimeSlicer
@@ -31,13 +32,13 @@ def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEn
 class DecodeCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = checkpoint.decode_document
+        real = checkpointstore.decode
 
-        def counting(data: bytes) -> checkpoint.Decoded:
+        def counting(data: bytes) -> Checkpoint:
             self.calls += 1
             return real(data)
 
-        monkeypatch.setattr(checkpoint, "decode_document", counting)
+        monkeypatch.setattr(checkpointstore, "decode", counting)
 
 
 def test_unchanged_file_is_not_decoded_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +101,7 @@ def test_write_failing_after_its_rename_is_read_back(tmp_path: Path, monkeypatch
         real(path, data, mode)
         raise OSError(5, "Input/output error", str(path.parent))  # the directory fsync failed
 
-    monkeypatch.setattr(checkpoint, "write_atomic", renamed_then_failed)
+    monkeypatch.setattr(checkpointstore, "write_atomic", renamed_then_failed)
     with pytest.raises(OSError, match="Input/output error"):
         store.put(entry("b"))
     monkeypatch.undo()
@@ -265,7 +266,7 @@ def test_failed_group_write_fails_every_change_in_it(tmp_path: Path, monkeypatch
     def full(path: Path, data: bytes, mode: int) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(checkpoint, "write_atomic", full)
+    monkeypatch.setattr(checkpointstore, "write_atomic", full)
     outcomes = _queued_behind_a_held_lock(store, [lambda u=u: store.put(entry(u)) for u in ("a", "b", "c")])
     monkeypatch.undo()
     assert all(isinstance(o, OSError) and o.strerror == "No space left on device" for o in outcomes), outcomes

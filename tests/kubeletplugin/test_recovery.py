@@ -14,12 +14,21 @@ from typing import Any
 
 import pytest
 
-from driver.cdi import spec_path
-from kubeletplugin.checkpoint import FILE_NAME
+from kubeletplugin.checkpointstore import FILE_NAME
 from kubeletplugin.mps import mps_paths
 from kubeletplugin.state import DeviceState
 from tests.builders.claims import UID, gpu_config, inventory, result, share
-from tests.builders.state import UID2, Crash, crash_at, env_of, make_state, prepare, ref, simulated_mps, spec_of
+from tests.builders.state import (
+    UID2,
+    Crash,
+    crash_at,
+    make_state,
+    prepare,
+    ref,
+    simulated_mps,
+    spec_of,
+    visible_of,
+)
 
 MIG = "h100-16-mig"
 
@@ -66,7 +75,7 @@ def test_restore_recreates_every_vanished_instance_not_only_up_to_a_live_one(tmp
     assert report.migs_recreated == [UID]
     kept, recreated = restarted.prepared_claims()[UID].migs
     assert kept == first and restarted.mig.exists(recreated) and recreated.placement == second.placement
-    assert env_of(spec_of(restarted))["CUDA_VISIBLE_DEVICES"] == f"{first.uuid},{recreated.uuid}"
+    assert visible_of(spec_of(restarted)) == f"{first.uuid},{recreated.uuid}"
 
 
 def test_restore_of_a_dynamic_mig_share_under_mps_restarts_its_daemon_on_the_new_instance(tmp_path: Path) -> None:
@@ -119,9 +128,9 @@ def test_a_legacy_entry_without_an_allocation_is_reported_with_the_way_out(tmp_p
     path = state.state_dir / FILE_NAME
     doc = json.loads(path.read_bytes())
     del doc["claims"][UID]["allocation"]  # what an older tessera wrote
-    from kubeletplugin.checkpoint import _canonical
+    from kubeletplugin.checkpoint import canonical
 
-    doc["checksum"] = "sha256:" + __import__("hashlib").sha256(_canonical(doc["claims"])).hexdigest()
+    doc["checksum"] = "sha256:" + __import__("hashlib").sha256(canonical(doc["claims"])).hexdigest()
     path.write_text(json.dumps(doc))
     report = make_state(tmp_path).recover()
     assert report.failed[UID] == (
@@ -153,13 +162,13 @@ def test_a_retried_prepare_reuses_only_an_unowned_instance_at_its_own_placement(
 def test_a_checkpoint_moved_aside_is_named_by_utc_time_and_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kubeletplugin.checkpoint
+    import kubeletplugin.checkpointstore
 
     state = make_state(tmp_path)
     assert not prepare(state, [result("gpu-0")]).error
     (state.state_dir / FILE_NAME).write_text("{garbage")
     recorder = Recorder()
-    monkeypatch.setattr(kubeletplugin.checkpoint, "log", recorder)
+    monkeypatch.setattr(kubeletplugin.checkpointstore, "log", recorder)
     assert make_state(tmp_path).prepared_claims() == {}
     logs = recorder.events
     (aside,) = state.state_dir.glob(f"{FILE_NAME}.corrupt-*")
@@ -250,18 +259,6 @@ def test_restore_restarts_a_live_daemon_whose_instance_came_back_under_a_new_uui
     assert restarted.prepared_claims()[UID].mps == daemon
 
 
-def test_a_driver_with_another_name_prepares_and_restores_its_claims(tmp_path: Path) -> None:
-    driver = "gpu.example.com"
-    state = make_state(tmp_path, driver_name=driver)
-    got = prepare(state, [result("gpu-0", driver=driver)], [gpu_config(driver=driver)])
-    assert not got.error and [d.device_name for d in got.devices] == ["gpu-0"]
-    original = spec_of(state)
-    spec_path(state.cdi_dir, UID).unlink()
-    report = make_state(tmp_path, driver_name=driver).recover()
-    assert report.failed == {} and report.specs_rewritten == [UID]
-    assert spec_of(state) == original
-
-
 @pytest.mark.parametrize(
     ("profile", "device", "changes", "error"),
     [
@@ -291,3 +288,32 @@ def test_an_instance_on_a_gpu_without_a_mig_table_is_reported_with_the_gpu(tmp_p
     l4 = inventory("mixed").gpu_by_index(2)
     _put(state, migs=(dataclasses.replace(mig, gpu_uuid=l4.uuid, gpu_index=2, gpu_minor=2),))
     assert make_state(tmp_path, "mixed").recover().failed == {UID: "gpu-2: no MIG table for NVIDIA L4"}
+
+
+def test_a_claim_with_two_mps_daemons_gets_both_back_after_a_reboot(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    state.store.boot_id = "boot-a"
+    configs = [gpu_config(requests=("a",), strategy="MPS", mps={"activeThreadPercentage": 30}),
+               gpu_config(requests=("b",), strategy="MPS", mps={"activeThreadPercentage": 70})]  # fmt: skip
+    assert not prepare(state, [result("gpu-0", "a"), result("gpu-1", "b")], configs).error
+    simulated_mps(state).registry.unlink()  # the node rebooted: no daemon is left
+    restarted = make_state(tmp_path)
+    restarted.store.boot_id = "boot-b"
+    report = restarted.recover()
+    assert report.rebooted and report.mps_restarted == [UID] and not report.failed
+    daemons = simulated_mps(restarted).daemons()
+    assert sorted(daemons) == sorted([UID, f"{UID}-mps1"])
+    assert restarted.prepared_claims()[UID].mps_daemons == (daemons[UID], daemons[f"{UID}-mps1"])
+    assert (daemons[UID].active_thread_percentage, daemons[f"{UID}-mps1"].active_thread_percentage) == (30, 70)
+
+
+def test_the_daemon_of_a_second_mps_group_is_no_orphan_and_one_no_entry_records_is(tmp_path: Path) -> None:
+    state = make_state(tmp_path)
+    configs = [gpu_config(requests=("a",), strategy="MPS", mps={"activeThreadPercentage": 30}),
+               gpu_config(requests=("b",), strategy="MPS")]  # fmt: skip
+    assert not prepare(state, [result("gpu-0", "a"), result("gpu-1", "b")], configs).error
+    stray = "0a9b8c7d-0000-4000-8000-0000000000ff-mps1"
+    simulated_mps(state).start(stray, ["GPU-x"], [1024], None)  # a crash left a second group's daemon of a gone claim
+    report = make_state(tmp_path).recover()
+    assert report.orphan_mps_stopped == [stray]
+    assert sorted(simulated_mps(state).daemons()) == sorted([UID, f"{UID}-mps1"])

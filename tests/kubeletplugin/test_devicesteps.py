@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.builders.claims import UID, inventory, result
-from tests.builders.state import env_of, make_state, prepare, spec_of
+from tests.builders.state import make_state, prepare, spec_of, visible_of
 
 
 def _proc_root(tmp_path: Path) -> Path:
@@ -54,4 +54,4 @@ def test_a_whole_gpu_allocated_twice_gets_a_cdi_name_per_result(tmp_path: Path) 
         (f"gpu.tessera.dev/claim={UID}-gpu-2-1",),
     ]
     assert [d["name"] for d in spec_of(state)["devices"]] == [f"{UID}-gpu-2-0", f"{UID}-gpu-2-1"]
-    assert env_of(spec_of(state))["CUDA_VISIBLE_DEVICES"] == inventory().gpu_by_index(2).uuid
+    assert visible_of(spec_of(state)) == inventory().gpu_by_index(2).uuid
