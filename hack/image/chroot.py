@@ -39,8 +39,16 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: fl
                           text=True, check=False, timeout=timeout)
     if proc.returncode != 0:
         out = (proc.stdout + proc.stderr).strip()
-        raise BuildError(f"{what or cmd[0]} failed (exit {proc.returncode}): `{' '.join(cmd)}`\n{out[-3000:]}")
+        raise BuildError(f"{what or cmd[0]} failed (exit {proc.returncode}): `{_shown(cmd)}`\n{out[-3000:]}")
     return proc.stdout
+
+
+def _shown(cmd: Sequence[str]) -> str:
+    """The command for an error message, an inline script cut to its first line."""
+    def short(arg: str) -> str:
+        lines = [line for line in arg.splitlines() if line.strip()]
+        return arg if len(lines) <= 1 and len(arg) <= 200 else (lines[0][:80] if lines else "") + " ..."
+    return " ".join(short(a) for a in cmd)
 
 
 def require_private_namespace() -> None:

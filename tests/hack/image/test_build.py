@@ -124,3 +124,11 @@ def test_the_check_environment_is_the_images():
     env = check.image_env()
     assert env["PATH"].startswith("/opt/tessera/bin:")
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_a_failed_command_is_named_with_its_inline_script_cut_short():
+    with pytest.raises(chroot.BuildError) as err:
+        chroot.run(["sh", "-c", "\nexit 3\n# " + "x" * 300, "arg"], what="the step")
+    message = str(err.value)
+    assert message.startswith("the step failed (exit 3): `sh -c exit 3 ... arg`")
+    assert "x" * 100 not in message

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hack.image import check, recipe
+from hack.image.chroot import BuildError
 from tests.paths import REPO
 
 pytestmark = [
@@ -86,19 +87,50 @@ def read_archive(path: Path, reference: str) -> Archive:
     return Archive(path, reference, files)
 
 
+@dataclass
+class Session:
+    """The image as first built by this module, and the machine's state around each build."""
+
+    image: Archive
+    snapshots: list[tuple[str, dict[str, list[str]]]]
+
+
 @pytest.fixture(scope="module")
-def image() -> Archive:
+def session() -> Session:
+    before = machine_snapshot()
     (path, reference), _ = build("--print-path", "--print-ref")
+    return Session(read_archive(Path(path), reference), [("before", before), ("after the build", machine_snapshot())])
+
+
+@pytest.fixture(scope="module")
+def image(session: Session) -> Archive:
+    return session.image
+
+
+@pytest.fixture(scope="module")
+def rebuilt(session: Session) -> Archive:
+    """The application stage built again from scratch."""
+    (path, reference), _ = build("--rebuild", "app", "--print-path", "--print-ref")
+    session.snapshots.append(("after rebuilding the application stage", machine_snapshot()))
     return read_archive(Path(path), reference)
 
 
-@pytest.fixture(scope="module")
-def rebuilt(image: Archive) -> tuple[Archive, dict, dict]:
-    """The application stage built again from scratch, with the machine's state before and after."""
-    before = machine_snapshot()
-    (path, reference), _ = build("--rebuild", "app", "--print-path", "--print-ref")
-    after = machine_snapshot()
-    return read_archive(Path(path), reference), before, after
+def unpack(image: Archive, root: Path) -> Path:
+    """The layers applied in order, as containerd would."""
+    root.mkdir()
+    for n in range(len(image.manifest["layers"])):
+        layer = root.parent / f"layer{n}.tar.gz"
+        layer.write_bytes(image.blob(image.manifest["layers"][n]["digest"]))
+        subprocess.run(["tar", "-xzf", str(layer), "-C", str(root), "--numeric-owner"], check=True)
+        layer.unlink()
+    return root
+
+
+def run_as_image(image: Archive, root: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
+    env = {**dict(e.split("=", 1) for e in image.config["config"]["Env"]), "HOME": "/"}
+    user = image.config["config"]["User"]
+    return subprocess.run(["unshare", "--net", "chroot", f"--userspec={user}", str(root), *cmd], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_archive_and_reference_are_named_after_the_tag(image):
@@ -173,24 +205,25 @@ def test_every_python_file_is_byte_compiled(image):
 def test_the_unpacked_archive_runs_tessera_as_its_user_without_network(image, tmp_path):
     """The layers as containerd would apply them, not the build's own tree: modes, links and owners
     survived packing."""
-    root = tmp_path / "rootfs"
-    root.mkdir()
-    for n in range(3):
-        layer = tmp_path / f"layer{n}.tar.gz"
-        layer.write_bytes(image.blob(image.manifest["layers"][n]["digest"]))
-        subprocess.run(["tar", "-xzf", str(layer), "-C", str(root), "--numeric-owner"], check=True)
-    env = {**dict(e.split("=", 1) for e in image.config["config"]["Env"]), "HOME": "/"}
-    user = image.config["config"]["User"]
-    cmd = [*image.config["config"]["Entrypoint"], "inventory", "--simulate", "a100-pcie-4"]
-    proc = subprocess.run(["unshare", "--net", "chroot", f"--userspec={user}", str(root), *cmd], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    root = unpack(image, tmp_path / "rootfs")
+    proc = run_as_image(image, root, *image.config["config"]["Entrypoint"], "inventory", "--simulate", "a100-pcie-4")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("NVIDIA A100-PCIE-40GB") == 4
-    imports = subprocess.run(["unshare", "--net", "chroot", f"--userspec={user}", str(root), "python", "-c",
-                              "import " + ", ".join(recipe.CHECK_IMPORTS)], env=env, capture_output=True,
-                             text=True, timeout=120, check=False)
+    imports = run_as_image(image, root, "python", "-c", "import " + ", ".join(recipe.CHECK_IMPORTS))
     assert imports.returncode == 0, imports.stderr
     assert not check.uncompiled(root / recipe.SITE_PACKAGES.lstrip("/"))
+    check.check_root(root)
+
+
+def test_the_build_check_fails_without_libstdcxx_where_help_still_passes(image, tmp_path):
+    """The trap docs/deploy-probe.md fell into: with libstdc++ missing, `tessera --help` works and
+    grpc cannot even be imported."""
+    root = unpack(image, tmp_path / "rootfs")
+    for lib in (root / "usr" / "lib" / "x86_64-linux-gnu").glob("libstdc++.so.6*"):
+        lib.unlink()
+    assert run_as_image(image, root, "tessera", "--help").returncode == 0
+    with pytest.raises(BuildError, match=r"(?s)build check: imports failed.*libstdc\+\+\.so\.6: cannot open"):
+        check.check_root(root)
 
 
 def test_an_explicit_tag_names_the_same_image(image):
@@ -202,22 +235,25 @@ def test_an_explicit_tag_names_the_same_image(image):
 
 
 def test_rebuilding_gives_the_same_image(image, rebuilt):
-    again, _, _ = rebuilt
-    assert again.manifest_digest == image.manifest_digest
-    assert again.files == image.files
+    assert rebuilt.manifest_digest == image.manifest_digest
+    assert rebuilt.files == image.files
 
 
-def test_a_build_leaves_the_machine_as_it_was(rebuilt):
-    _, before, after = rebuilt
-    changed = {k: (sorted(set(after[k]) - set(before[k])), sorted(set(before[k]) - set(after[k])))
-               for k in before if before[k] != after[k]}
-    assert not changed, f"the build changed the machine (added, removed): {changed}"
+def test_building_leaves_the_machine_as_it_was(session, rebuilt):
+    (_, first), *later = session.snapshots
+    for when, snap in later:
+        changed = {k: (sorted(set(snap[k]) - set(first[k])), sorted(set(first[k]) - set(snap[k])))
+                   for k in first if first[k] != snap[k]}
+        assert not changed, f"{when}, the machine changed (added, removed): {changed}"
 
 
 @pytest.mark.skipif(shutil.which("skopeo") is None, reason="skopeo is not installed (apt-get install skopeo)")
-def test_skopeo_reads_the_archive_and_verifies_its_blobs(image, tmp_path):
+def test_skopeo_reads_the_archive(image):
+    """An independent OCI reader agrees on the manifest and the configuration. (Only `inspect`:
+    `skopeo copy` keeps a blob cache in the machine's /var/lib/containers.)"""
     inspect = subprocess.run(["skopeo", "inspect", f"oci-archive:{image.path}"], capture_output=True, text=True,
                              timeout=120, check=True)
     assert json.loads(inspect.stdout)["Digest"] == image.manifest_digest
-    subprocess.run(["skopeo", "copy", "--quiet", f"oci-archive:{image.path}", f"dir:{tmp_path / 'copy'}"],
-                   capture_output=True, text=True, timeout=300, check=True)
+    config = subprocess.run(["skopeo", "inspect", "--config", f"oci-archive:{image.path}"], capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert json.loads(config.stdout) == image.config
