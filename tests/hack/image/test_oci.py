@@ -206,3 +206,12 @@ def test_layer_descriptions_round_trip_relative_to_their_directory(tmp_path):
     back = oci.Layer.from_json(json.loads(json.dumps(described)), tmp_path)
     assert back.blob.path == tmp_path / "layer.tar.gz" and back.diff_id == layer.diff_id
     assert oci.Layer.from_json(layer.to_json(), tmp_path).blob.path == Path("/l3")
+
+
+def test_overlay_bookkeeping_on_a_copied_up_directory_is_not_a_deletion(tmp_path):
+    # overlayfs marks directories it copied up (origin, impure); only `opaque` hides the layer below
+    tree = make_tree(tmp_path / "t", EPOCH)
+    os.setxattr(tree / "opt", "trusted.overlay.origin", b"\0\xfb")
+    os.setxattr(tree / "opt" / "tessera", "trusted.overlay.impure", b"y")
+    got = members(oci.write_layer(tree, tmp_path / "l.tgz", EPOCH, oci.upper_selector("opt/tessera"), "x"))
+    assert "opt" in got and "opt/tessera/bin/tessera" in got

@@ -43,3 +43,11 @@ def test_the_image_environment_runs_the_venv_first():
     env = dict(e.split("=", 1) for e in recipe.image_config("1.0").env)
     assert env["PATH"].split(":")[0] == "/opt/tessera/bin"
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_by_default_pip_is_offered_every_platform_the_locked_wheels_carry():
+    # grpcio ships manylinux_2_17, cel-expr-python manylinux_2_27: pip takes --platform literally
+    args = recipe.pip_target_args()
+    offered = {args[i + 1] for i, a in enumerate(args) if a == "--platform"}
+    wanted = {"manylinux_2_17_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux_2_36_x86_64"}
+    assert wanted <= offered
