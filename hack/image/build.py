@@ -163,15 +163,15 @@ def _build_app(out: Path, plan: Plan, *, rootfs: Path, deps: Path, wheels: Path,
 
 
 def ensure_archive(app: Path, plan: Plan) -> tuple[Path, str]:
+    """The stage's image under this tag as an archive (one per tag, written once), and its manifest digest."""
     dest = app / f"tessera-{plan.tag}.tar"
     layers = [oci.Layer.from_json(d, app) for d in json.loads((app / "layers.json").read_text())]
     config = (app / "config.json").read_bytes()
     with _locked(app.parent / f"{app.name}.lock"):
-        digest = oci.write_archive(dest, layers, config, plan.reference) if not dest.exists() else ""
+        if not dest.exists():
+            oci.write_archive(dest, layers, config, plan.reference)
         (app / ".used").touch()
-    if not digest:
-        digest = "sha256:" + hashlib.sha256(oci.manifest_json(config, layers)).hexdigest()
-    return dest, digest
+    return dest, oci.manifest_digest(config, layers)
 
 
 def prune_apps(keep: str) -> None:

@@ -225,6 +225,11 @@ def manifest_json(config: bytes, layers: Sequence[Layer]) -> bytes:
     })
 
 
+def manifest_digest(config: bytes, layers: Sequence[Layer]) -> str:
+    """The image's identity: the same whatever its tag."""
+    return _digest(manifest_json(config, layers))
+
+
 def index_json(manifest: bytes, reference: str) -> bytes:
     """The layout's index: one manifest, named for containerd (full reference) and OCI (tag alone)."""
     tag = reference.rsplit(":", 1)[1]
