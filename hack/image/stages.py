@@ -1,11 +1,11 @@
 """The four stages of the image build. Each writes into a fresh directory that build.py then keeps
-in the cache under the stage's key (keys.py):
+in the cache under the stage's key (keys.py), and packs into a layer (oci.py):
 
-  rootfs  mmdebstrap's Debian tree (tree/), the installed package list, and the base layer
+  rootfs  mmdebstrap's Debian tree (tree/) and the list of installed packages (packages.txt)
   wheels  the locked wheels, downloaded and hash-checked
   deps    /opt/tessera with the dependencies installed and byte-compiled: an overlay's upper
-          directory over the rootfs (upper/), and the layer made of it
-  app     tessera itself installed over both, checked, and its layer and image configuration
+          directory over the rootfs (upper/)
+  app     tessera itself installed over both (upper/), then checked as a pod would run it (check.py)
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def build_deps(out: Path, rootfs: Stage, wheels: Path) -> None:
         shutil.copytree(wheels, scratch / "wheels")
         shutil.copy(keys.LOCK, scratch / "requirements.lock")
         in_root(root, ["python3", "-m", "venv", "--without-pip", recipe.VENV], env, what="python3 -m venv")
-        in_root(root, [*_pip("/tmp/wheels", _wheel(wheels, "pip")), "install", "--no-index", "--find-links",
-                       "/tmp/wheels", "--no-compile", "--require-hashes", "-r", "/tmp/requirements.lock"],
+        in_root(root, [*_pip(f"{SCRATCH}/wheels", _wheel(wheels, "pip")), "install", "--no-index", "--find-links",
+                       f"{SCRATCH}/wheels", "--no-compile", "--require-hashes", "-r", f"{SCRATCH}/requirements.lock"],
                 env, what="pip install (dependencies)")
         _compile(root, env, [recipe.SITE_PACKAGES])
         _clean_scratch(root)
@@ -125,11 +125,11 @@ def build_app(out: Path, rootfs: Stage, deps: Stage, wheels: Path, *, epoch: int
         pip_wheel = _wheel(wheels, "pip")
         for name in ("pip", "setuptools"):
             shutil.copy(_wheel(wheels, name), scratch / "wheels")
-        pip = _pip("/tmp/wheels", pip_wheel)
+        pip = _pip(f"{SCRATCH}/wheels", pip_wheel)
         # --no-deps: the dependencies are the locked ones below; `pip check` then proves they satisfy
         # pyproject.toml (a dependency added there without relocking fails here)
-        in_root(root, [*pip, "install", "--no-index", "--find-links", "/tmp/wheels", "--no-deps", "--no-compile",
-                       "/tmp/src"], env, what="pip install (tessera)")
+        in_root(root, [*pip, "install", "--no-index", "--find-links", f"{SCRATCH}/wheels", "--no-deps", "--no-compile",
+                       f"{SCRATCH}/src"], env, what="pip install (tessera)")
         try:
             in_root(root, [*pip, "check"], env, what="pip check")
         except BuildError as e:
