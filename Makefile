@@ -15,7 +15,7 @@ export GOTOOLCHAIN := local
 export GOWORK := off
 export GOFLAGS := -mod=readonly
 
-.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench soak mutation clean
+.PHONY: all venv lint unit e2e test harness node image demo demo-down proto bench soak mutation clean
 
 all: test
 
@@ -44,6 +44,13 @@ harness:
 # and use the kubelet stand-in.
 node:
 	@if [ "$$(id -u)" = 0 ]; then bash e2e/node/build.sh; else echo "node: not root, real nodes are skipped"; fi
+
+# tessera's OCI image without Docker or a registry (mmdebstrap + pinned wheels, needs root), cached by content hash
+# under $(TESSERA_CACHE)/image; prints the archive to import into a node's containerd and the image reference.
+# IMAGE_TAG=x names it tessera.local/tessera:x (default: <chart appVersion>-<content hash>). docs/operations.md.
+IMAGE_TAG ?=
+image: $(STAMP)
+	@PYTHON=$(PY) bash hack/image/build.sh --print-path --print-ref $(if $(IMAGE_TAG),--tag $(IMAGE_TAG))
 
 NODE_ENV = TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" \
 	TESSERA_NODE_BIN="$$(if [ "$$(id -u)" = 0 ]; then bash e2e/node/build.sh --print-path; fi)"
