@@ -17,7 +17,6 @@ from driver.errors import TesseraError
 
 Obj = dict[str, Any]
 GROUP, VERSION = "resource.k8s.io", "v1"
-DRIVER = DRIVER_NAME
 
 
 class ReadError(TesseraError):
@@ -90,7 +89,7 @@ class ClusterReader:
         return items
 
     def resource_slices(self) -> list[Obj]:
-        return self._custom("resourceslices", "resourceslices", field_selector=f"spec.driver={DRIVER}") or []
+        return self._custom("resourceslices", "resourceslices", field_selector=f"spec.driver={DRIVER_NAME}") or []
 
     def device_classes(self) -> dict[str, Obj]:
         items = self._custom("deviceclasses", "deviceclasses") or []

@@ -105,13 +105,13 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
 
 
 def _load_cluster(ctx: Any, kubeconfig: str) -> None:
-    from controller.checks.findings import DRIVER
     from controller.cluster.inventory import DeviceIndex
+    from driver import DRIVER_NAME
     from driver.kubeapi import ApiError, RealKubeAPI
 
     try:
         api = RealKubeAPI(kubeconfig)
-        slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER}").get("items") or []
+        slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER_NAME}").get("items") or []
         classes = api.list_device_classes().get("items") or []
     except ApiError as exc:
         raise InputError(f"cannot read from the cluster: {exc}") from exc

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.findings import Finding, error
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import fmt_bytes
 from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.schema import REQUESTABLE_CAPACITIES, split_qualified
+from driver import DRIVER_NAME
 from driver.quantity import Quantity
 
 MiB = 1 << 20
@@ -46,7 +47,7 @@ def _key_problem(key: str, amount: Any, ctx: CheckContext) -> str | None:
     published = ctx.schema.capacities
     domain, name = split_qualified(key)
     if "/" in key:
-        if domain == DRIVER and name in published:
+        if domain == DRIVER_NAME and name in published:
             return (
                 f'"{key}" never matches: tessera publishes this capacity under the bare key "{name}" and '
                 "the scheduler compares capacity keys literally, so every device would be skipped and the "

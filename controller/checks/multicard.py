@@ -57,14 +57,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.checks.configs import DecodedConfig, decode_configs
-from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.findings import Finding, error
 from controller.checks.requests import request_bodies
+from driver import DRIVER_NAME
 from driver.quantity import quantity_bytes_or_none
 
 GiB = 1 << 30
-ANNOTATION = f"{DRIVER}/multi-card"
-UUID_ATTRIBUTE = f"{DRIVER}/uuid"
-ISLAND_ATTRIBUTE = f"{DRIVER}/nvlinkIsland"
+ANNOTATION = f"{DRIVER_NAME}/multi-card"
+UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
+ISLAND_ATTRIBUTE = f"{DRIVER_NAME}/nvlinkIsland"
 MAX_CONSTRAINTS = 32  # spec.devices.constraints, as the apiserver validates it
 
 Obj = dict[str, Any]
@@ -277,7 +278,7 @@ def _stripped(entry: Any) -> Any:
     if not isinstance(entry, dict):
         return entry
     opaque = entry.get("opaque")
-    if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+    if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
         return entry
     params = opaque.get("parameters")
     sharing = params.get("sharing") if isinstance(params, dict) else None

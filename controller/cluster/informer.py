@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import structlog
 
 from controller.cluster.inventory import DeviceIndex
-from driver import DRIVER_NAME as DRIVER
+from driver import DRIVER_NAME
 from driver.backoff import Backoff
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
@@ -152,7 +152,8 @@ class Reflector:
 class ClusterCache:
     """ResourceSlices (tessera's driver only), DeviceClasses and ResourceClaims, watched."""
 
-    def __init__(self, api: ClusterReader, *, driver: str = DRIVER, watch_timeout: int = 300, **backoff: Any) -> None:
+    def __init__(self, api: ClusterReader, *, driver: str = DRIVER_NAME, watch_timeout: int = 300,
+                 **backoff: Any) -> None:
         selector = f"spec.driver={driver}"
         self._driver = driver
         self._index_lock = threading.Lock()

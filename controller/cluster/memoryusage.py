@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.cluster.inventory import DeviceIndex
-from driver import DRIVER_NAME as DRIVER
+from driver import DRIVER_NAME
 from driver.quantity import quantity_bytes_or_none
 
 
@@ -39,7 +39,7 @@ def memory_usage(index: DeviceIndex, claims: Iterable[dict[str, Any]]) -> dict[s
     for claim in claims:
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
         for result in results:
-            if not isinstance(result, dict) or result.get("driver") != DRIVER:
+            if not isinstance(result, dict) or result.get("driver") != DRIVER_NAME:
                 continue
             found = by_ref.get((str(result.get("pool")), str(result.get("device"))))
             node = found.node if found else str(result.get("pool"))

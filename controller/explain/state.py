@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.checks.findings import DRIVER
 from controller.cluster.capacityfit import quantity
 from controller.cluster.inventory import DeviceIndex, InventoryDevice, current_pools
+from driver import DRIVER_NAME
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str, str]  # driver, pool, device
@@ -72,7 +72,7 @@ class AllocatedState:
     """Who holds what, from the claims' status.allocation; shared counters from the pools' slices."""
 
     def __init__(self, index: DeviceIndex, slices: Iterable[Obj], claims: Iterable[Obj], *,
-                 driver: str = DRIVER) -> None:
+                 driver: str = DRIVER_NAME) -> None:
         self.index = index
         self.by_key: dict[DeviceKey, InventoryDevice] = {device_key(d): d for d in index.devices}
         self.holders: dict[DeviceKey, list[Holder]] = {}
