@@ -60,7 +60,7 @@ from controller.checks.configs import DecodedConfig, decode_configs
 from controller.checks.findings import Finding, error
 from controller.checks.requests import request_bodies
 from driver import DRIVER_NAME
-from driver.quantity import quantity_bytes_or_none
+from driver.quantity import format_bytes, quantity_bytes_or_none
 
 GiB = 1 << 30
 ANNOTATION = f"{DRIVER_NAME}/multi-card"
@@ -122,14 +122,6 @@ class RewriteResult:
             },
             sort_keys=True,
         )
-
-
-def fmt_bytes(n: int) -> str:
-    if n % GiB == 0:
-        return f"{n // GiB}Gi"
-    if n % (1 << 20) == 0:
-        return f"{n >> 20}Mi"
-    return str(n)
 
 
 def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bool]) -> RewriteResult:
@@ -264,13 +256,13 @@ def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: 
     if total % (cards * GiB) != 0:
         unit = cards * GiB
         low, high = (total // unit) * unit, (total // unit + 1) * unit
-        nearest = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else f"{fmt_bytes(high)} (the smallest)"
+        nearest = f"{format_bytes(low)} or {format_bytes(high)}" if low else f"{format_bytes(high)} (the smallest)"
         return error(
             total_path,
             f"{total_text} across {cards} cards is not a whole number of GiB per card; nearest valid "
             f"totals: {nearest}",
         )
-    return Rewrite(name, cards, fmt_bytes(total // cards), same_island and cards > 1, total_text)
+    return Rewrite(name, cards, format_bytes(total // cards), same_island and cards > 1, total_text)
 
 
 def _stripped(entry: Any) -> Any:

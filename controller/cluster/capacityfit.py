@@ -22,7 +22,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from driver.quantity import Quantity
+from driver.quantity import Quantity, format_bytes
 
 if TYPE_CHECKING:
     from controller.cluster.inventory import InventoryDevice
@@ -64,18 +64,6 @@ def _parse(text: str) -> Fraction | None:
         return Quantity.parse(text).fraction()
     except ValueError:
         return None
-
-
-def fmt_amount(value: Fraction) -> str:
-    """`40Gi`, `9856Mi`, `132`: the shortest exact way to write an amount."""
-    if value.denominator == 1:
-        n = value.numerator
-        if n and n % GiB == 0:
-            return f"{n // GiB}Gi"
-        if n and n % MiB == 0:
-            return f"{n // MiB}Mi"
-        return str(n)
-    return f"{float(value):g}"
 
 
 def _round_up(asked: Fraction, policy: Mapping[str, Any]) -> Fraction:
@@ -172,22 +160,22 @@ def capacity_miss(
         policy = entry.get("requestPolicy") if isinstance(entry.get("requestPolicy"), Mapping) else None
         rule = _violation(amount, policy) if policy else None
         if rule is not None:
-            return CapacityMiss(key, "policy", _policy_reason(key, texts.get(key) or fmt_amount(amount), rule,
+            return CapacityMiss(key, "policy", _policy_reason(key, texts.get(key) or format_bytes(amount), rule,
                                                               policy or {}), free)
         if amount + used <= value:
             continue
         if key in texts:
             asked = texts[key]
             if amount != quantity(asked):
-                asked += f" (rounded up to {fmt_amount(amount)} by its request policy)"
+                asked += f" (rounded up to {format_bytes(amount)} by its request policy)"
             if used:
-                reason = (f"it has {value_text} of {key} with {fmt_amount(used)} in use ({fmt_amount(free)} free), "
+                reason = (f"it has {value_text} of {key} with {format_bytes(used)} in use ({format_bytes(free)} free), "
                           f"the request asks {asked}")
                 return CapacityMiss(key, "in-use", reason, free)
             return CapacityMiss(key, "size", f"it has {value_text} of {key}, the request asks {asked}", free)
         # not requested: a whole-device request, which takes the whole value
         reason = (f"a request without capacity.requests.{key} takes all {value_text} of {key}, and "
-                  f"{fmt_amount(used)} of it is in use")
+                  f"{format_bytes(used)} of it is in use")
         return CapacityMiss(key, "in-use", reason, free)
     return None
 

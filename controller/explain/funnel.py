@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.cluster.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.cluster.capacityfit import CapacityMiss, capacity_miss
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
 from controller.cluster.taints import fmt_taint, untolerated_taint
 from controller.explain.requests import RequestSpec
 from controller.explain.state import AllocatedState, CounterShort, Holder
 from driver import DRIVER_NAME
+from driver.quantity import format_bytes
 
 STEPS = ("driver", "class", "selectors", "capacity", "allocation", "taints", "counters")
 
@@ -170,9 +171,7 @@ def _largest_free(devices: Iterable[InventoryDevice], state: AllocatedState) -> 
     if best is None:
         return ""
     free = max(best[0], Fraction(0))
-    shown = f"{float(free) / (1 << 30):.1f}Gi" if free.denominator == 1 and free.numerator % (1 << 30) \
-        else fmt_amount(free)
-    return f"largest free memory: {shown} on {best[1].ref}"
+    return f"largest free memory: {format_bytes(free, approximate=True)} on {best[1].ref}"
 
 
 def _allocation(request: RequestSpec, devices: tuple[InventoryDevice, ...], state: AllocatedState) -> Step:

@@ -10,7 +10,6 @@ from typing import Any
 
 from controller.checks.ownership import class_targets_tessera
 from controller.checks.selectors import compile_selectors
-from controller.cluster.capacityfit import fmt_amount
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, Requirement, match
 from controller.cluster.taints import fmt_taint
@@ -18,6 +17,7 @@ from controller.explain.funnel import Drop, Funnel
 from controller.explain.requests import RequestSpec
 from controller.explain.state import Holder
 from driver import DRIVER_NAME
+from driver.quantity import format_bytes
 
 Obj = dict[str, Any]
 MAX_NAMED = 3
@@ -187,14 +187,14 @@ def _capacity(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> V
     if live:
         best = max(live, key=lambda d: d.miss.free if d.miss and d.miss.free is not None else Fraction(-1))
         free = best.miss.free if best.miss and best.miss.free is not None else Fraction(0)
-        return Verdict(False, "capacity", f"no card has {ask} free: the largest free amount is {fmt_amount(free)}, "
+        return Verdict(False, "capacity", f"no card has {ask} free: the largest free amount is {format_bytes(free)}, "
                        f"on {best.device.ref} (the rest is held by {_holders_text(best.holders)})",
-                       f"ask for {fmt_amount(free)} or less, or {_freeing(best.holders)} to free memory on "
+                       f"ask for {format_bytes(free)} or less, or {_freeing(best.holders)} to free memory on "
                        f"{best.device.ref}", (best.device.ref,), tuple(dict.fromkeys(h.claim for h in best.holders)),
                        tuple(dict.fromkeys(p for h in best.holders for p in h.pods)))
     largest = max(drops, key=lambda d: d.device.memory or 0)
     reason = f"no device can hold {ask}: {largest.device.ref}, the largest, {_clause(largest.why)}"
-    fix = f"ask for at most {fmt_amount(Fraction(largest.device.memory))}" if largest.device.memory else \
+    fix = f"ask for at most {format_bytes(Fraction(largest.device.memory))}" if largest.device.memory else \
         "ask for less"
     return Verdict(False, "capacity", reason, fix, (largest.device.ref,))
 
@@ -249,8 +249,8 @@ def _counters(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> V
     if short is not None:
         names = [c.counter for c in first.counters]
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        counter = (f"{listed} of {short.counter_set} ({short.counter}: {fmt_amount(short.needed)} needed, "
-                   f"{fmt_amount(max(short.available, Fraction(0)))} left)")
+        counter = (f"{listed} of {short.counter_set} ({short.counter}: {format_bytes(short.needed)} needed, "
+                   f"{format_bytes(max(short.available, Fraction(0)))} left)")
     reason = (f"the {before} remaining devices need shared counters (MIG memory and compute slices) that are in use: "
               f"{first.device.ref} needs {counter}{holder_text}")
     fix = f"{_freeing(holders)} to free the slices" if holders else "free the MIG slices"

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from controller.cluster.capacityfit import fmt_amount, quantity
+from controller.cluster.capacityfit import quantity
 from controller.explain.explain import ClaimReport, Explanation, RequestReport
 from controller.explain.funnel import Drop, Funnel, Step
 from controller.explain.reasons import Verdict
 from controller.explain.search import Pick
+from driver.quantity import format_bytes
 
 MAX_NODES_SHOWN = 4
 
@@ -52,7 +53,7 @@ def _request_lines(r: RequestReport, indent: str, final: Verdict) -> list[str]:
 def _pick_text(p: Pick) -> str:
     memory = p.consumed.get("memory")
     device_memory = quantity((p.device.capacity("memory") or {}).get("value"))
-    share = f" ({fmt_amount(memory)} share)" if memory is not None and memory != device_memory else ""
+    share = f" ({format_bytes(memory)} share)" if memory is not None and memory != device_memory else ""
     return f"{p.request} -> {p.device.name}{share}"
 
 
@@ -134,8 +135,8 @@ def _drop_json(d: Drop) -> dict[str, Any]:
     if d.taint is not None:
         out["taint"] = dict(d.taint)
     if d.counters:
-        out["counters"] = [{"counterSet": c.counter_set, "counter": c.counter, "needed": fmt_amount(c.needed),
-                            "available": fmt_amount(max(c.available, Fraction(0))),
+        out["counters"] = [{"counterSet": c.counter_set, "counter": c.counter, "needed": format_bytes(c.needed),
+                            "available": format_bytes(max(c.available, Fraction(0))),
                             "heldBy": [{"device": dev.ref, "claim": h.claim, "pods": list(h.pods)}
                                        for dev, h in c.held_by]} for c in d.counters]
     return out
@@ -167,7 +168,7 @@ def _claim_json(c: ClaimReport) -> dict[str, Any]:
 
 def _pick_json(p: Pick) -> dict[str, Any]:
     return {"request": p.request, "node": p.device.node, "device": p.device.name,
-            "consumedCapacity": {k: fmt_amount(v) for k, v in p.consumed.items()}}
+            "consumedCapacity": {k: format_bytes(v) for k, v in p.consumed.items()}}
 
 
 def render_json(e: Explanation) -> dict[str, Any]:
