@@ -13,15 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.checks.claimspec import Constraint
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.matching import Evaluator
+from controller.cluster.objects import object_ref
 from controller.explain.attribution import NodeInputs, combined_verdict, constraint_verdict, count_verdict
 from controller.explain.funnel import Funnel, funnel
 from controller.explain.nodes import NodeScope, allocation_node, pod_scope
 from controller.explain.reasons import Verdict, funnel_verdict, problem_verdict
-from controller.explain.requests import ClaimPlan, Constraint, RequestSpec, claim_plan
+from controller.explain.requests import ClaimPlan, RequestSpec, claim_plan
 from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult, search
-from controller.explain.state import AllocatedState, object_ref, reserved_pods
+from controller.explain.state import AllocatedState, reserved_pods
 
 Obj = dict[str, Any]
 NODE_BUDGET = 20_000  # search steps per node; the scheduler itself stops after DRASchedulerFilterTimeout

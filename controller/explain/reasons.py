@@ -39,8 +39,7 @@ class Verdict:
 
 def is_share(holder: Holder, device: InventoryDevice) -> bool:
     """Part of the card's memory, not all of it (a whole-GPU claim on a shareable card also has a shareID)."""
-    memory = holder.consumed.get("memory")
-    return bool(holder.share_id) and memory is not None and device.memory is not None and memory < device.memory
+    return device.memory is not None and holder.booking.memory(device.memory) < device.memory
 
 
 def _holders_text(holders: Sequence[Holder]) -> str:

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from controller.checks.claimspec import Constraint
+from controller.cluster.booking import DeviceKey
 from controller.cluster.capacityfit import capacity_miss, consumption
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.taints import untolerated_taint
-from controller.explain.requests import Constraint, RequestSpec
-from controller.explain.state import AllocatedState, CounterKey, DeviceKey, device_key
+from controller.explain.requests import RequestSpec
+from controller.explain.state import AllocatedState, CounterKey, device_key
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 

@@ -112,13 +112,12 @@ def _mig_geometry(device: InventoryDevice) -> tuple[str, int | None, tuple[int, 
 
 
 def _segment(device: InventoryDevice, holder: Holder) -> Segment:
-    consumed = holder.consumed.get("memory")
     total = _memory(device)
     if device.device_type == "mig":
         profile, placement, slices, _ = _mig_geometry(device)
         return Segment("mig", device.name, holder.claim, holder.pods, holder.request, total, profile, placement,
                        slices)
-    amount = int(consumed) if consumed is not None else total
+    amount = int(holder.booking.memory(device.memory))
     kind = "share" if holder.share_id and amount < total else "whole"
     return Segment(kind, device.name, holder.claim, holder.pods, holder.request, amount)
 
