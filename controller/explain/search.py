@@ -183,11 +183,10 @@ class _Search:
 
     def allocate_device(self, ci: int, spec: RequestSpec, device: InventoryDevice,
                         must: bool) -> Callable[[], None] | None:
+        """allocateDevice: take `device` for request `spec` of claim `ci`; the undo, or None when it cannot be
+        taken (ConstraintError when `must` and a constraint refuses it)."""
         key = device_key(device)
-        multi = device.allow_multiple
-        if not multi and spec.admin_access and ci in self.allocating.get(key, set()):
-            return None
-        if not spec.admin_access and self.in_use(key):
+        if not self._available(ci, spec, key, device.allow_multiple):
             return None
         undo: list[Callable[[], None]] = []
 
@@ -195,48 +194,67 @@ class _Search:
             for step in reversed(undo):
                 step()
 
-        skip_counters = multi and (key in self.state.shared or key in self.capacity)
-        own = self.state.consumed_counters(device)
-        if own and not skip_counters:
-            if self.state.counter_shortfalls(device, self.counters):
-                return None
-            self._add_counters(own, 1)
-            undo.append(lambda: self._add_counters(own, -1))
-        if untolerated_taint(device, spec.tolerations) is not None:
-            rollback()
-            return None
-        for constraint in self.constraints[ci]:
-            if not constraint.add(spec.base, spec.sub, device):
-                rollback()
-                if must:
-                    raise ConstraintError(f"cannot add device {device.ref} because a claim constraint would not "
-                                          f"be satisfied ({constraint.c.describe()})")
-                return None
-            undo.append(_remover(constraint, spec, device))
-        if not multi:
+        taken = (self._take_counters(device, key, undo) and untolerated_taint(device, spec.tolerations) is None
+                 and self._meet_constraints(ci, spec, device, must, undo))
+        if taken and not device.allow_multiple:
             self.allocating.setdefault(key, set()).add(ci)
             undo.append(lambda: self.allocating[key].discard(ci))
-        if not self.capacity_fits(spec, device):
+        if not taken or not self.capacity_fits(spec, device):
             rollback()
             return None
-        consumed: dict[str, Fraction] = {}
-        if multi:
-            consumed = consumption(device, spec.needs)
-            existed = key in self.capacity
-            entry = self.capacity.setdefault(key, {})
-            for k, v in consumed.items():
-                entry[k] = entry.get(k, Fraction(0)) + v
-
-            def release() -> None:
-                for k, v in consumed.items():
-                    entry[k] -= v
-                if not existed:
-                    self.capacity.pop(key, None)
-
-            undo.append(release)
+        consumed = self._take_capacity(spec, device, key, undo) if device.allow_multiple else {}
         self.results[ci].append(Pick(spec.ref, device, consumed))
         undo.append(lambda: self._drop_last(ci))
         return rollback
+
+    def _available(self, ci: int, spec: RequestSpec, key: DeviceKey, multi: bool) -> bool:
+        """Not in use; an admin-access request only avoids a device its own claim already takes."""
+        if spec.admin_access:
+            return multi or ci not in self.allocating.get(key, set())
+        return not self.in_use(key)
+
+    def _take_counters(self, device: InventoryDevice, key: DeviceKey, undo: list[Callable[[], None]]) -> bool:
+        """The device's shared counters, unless a share of this card already holds them."""
+        own = self.state.consumed_counters(device)
+        if not own or (device.allow_multiple and (key in self.state.shared or key in self.capacity)):
+            return True
+        if self.state.counter_shortfalls(device, self.counters):
+            return False
+        self._add_counters(own, 1)
+        undo.append(lambda: self._add_counters(own, -1))
+        return True
+
+    def _meet_constraints(self, ci: int, spec: RequestSpec, device: InventoryDevice, must: bool,
+                          undo: list[Callable[[], None]]) -> bool:
+        for constraint in self.constraints[ci]:
+            if not constraint.add(spec.base, spec.sub, device):
+                if must:
+                    for step in reversed(undo):
+                        step()
+                    undo.clear()
+                    raise ConstraintError(f"cannot add device {device.ref} because a claim constraint would not "
+                                          f"be satisfied ({constraint.c.describe()})")
+                return False
+            undo.append(_remover(constraint, spec, device))
+        return True
+
+    def _take_capacity(self, spec: RequestSpec, device: InventoryDevice, key: DeviceKey,
+                       undo: list[Callable[[], None]]) -> dict[str, Fraction]:
+        """The share's consumed capacity, added to what this search has taken of the card."""
+        consumed = consumption(device, spec.needs)
+        existed = key in self.capacity
+        entry = self.capacity.setdefault(key, {})
+        for k, v in consumed.items():
+            entry[k] = entry.get(k, Fraction(0)) + v
+
+        def release() -> None:
+            for k, v in consumed.items():
+                entry[k] -= v
+            if not existed:
+                self.capacity.pop(key, None)
+
+        undo.append(release)
+        return consumed
 
     def _add_counters(self, own: Mapping[CounterKey, Fraction], sign: int) -> None:
         for key, value in own.items():
