@@ -485,21 +485,22 @@ def format_bytes(value: int | Fraction, *, approximate: bool = False) -> str:
     policy's rounding makes, as a decimal). Approximate is for tables and sizes: whole GiB as `40Gi`,
     other amounts from 1 GiB on with one decimal (`79.6Gi`), below it in MiB (`512Mi`).
     """
-    amount = Fraction(value)
-    gib, mib = Fraction(1 << 30), Fraction(1 << 20)
+    gib, mib = 1 << 30, 1 << 20
     if approximate:
-        if amount % gib == 0:
-            return f"{amount // gib}Gi"
-        if abs(amount) >= gib:
-            return f"{float(amount / gib):.1f}Gi"
-        return f"{int(amount / mib)}Mi"
-    if amount.denominator != 1:
-        return f"{float(amount):g}"
-    if amount and amount % gib == 0:
-        return f"{amount // gib}Gi"
-    if amount and amount % mib == 0:
-        return f"{amount // mib}Mi"
-    return str(amount.numerator)
+        if value % gib == 0:
+            return f"{value // gib}Gi"
+        if abs(float(value)) >= gib:
+            return f"{float(value) / gib:.1f}Gi"
+        return f"{int(value / mib)}Mi"
+    if isinstance(value, Fraction):
+        if value.denominator != 1:
+            return f"{float(value):g}"
+        value = value.numerator
+    if value and value % gib == 0:
+        return f"{value // gib}Gi"
+    if value and value % mib == 0:
+        return f"{value // mib}Mi"
+    return str(value)
 
 
 def _go_rem(a: int, b: int) -> int:

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a pod (the default kind) or a ResourceClaim")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--search-budget", type=_seconds, metavar="SECONDS",
+                        help="how long the scheduler's search may run in all (default 3); an answer the budget cut "
+                             "short says so")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text",
                         help="text for people, json for tools (exit status: 0 tessera's part is fine, 1 a claim "
                              "cannot be allocated now, 2 the cluster or the object cannot be read)")
@@ -41,17 +44,28 @@ def parse_target(text: str) -> tuple[str, str]:
                      f"not {kind!r}")
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     return explain(args.target, namespace=args.namespace, kubeconfig=args.kubeconfig, output=args.output,
-                   out=sys.stdout, err=sys.stderr)
+                   out=sys.stdout, err=sys.stderr, search_budget=args.search_budget)
 
 
 def explain(target: str, *, namespace: str | None, kubeconfig: str | None, output: str, out: TextIO,
-            err: TextIO) -> int:
-    from controller.explain.explain import ClusterView, NotFound, explain_claim, explain_pod
+            err: TextIO, search_budget: float | None = None) -> int:
+    from controller.explain.explain import Budget, ClusterView, NotFound, explain_claim, explain_pod
     from controller.explain.render import render_json, render_text
     from tessera.clusterread import ClusterReader, ReadError
 
+    budget = Budget() if search_budget is None else Budget(search_budget)
     try:
         kind, name = parse_target(target)
     except ValueError as exc:
@@ -70,9 +84,9 @@ def explain(target: str, *, namespace: str | None, kubeconfig: str | None, outpu
     try:
         if kind == "resourceclaim" or (not kind and view.find("pod", ns, name) is None
                                        and view.find("claim", ns, name) is not None):
-            explanation = explain_claim(view, ns, name)
+            explanation = explain_claim(view, ns, name, budget)
         else:
-            explanation = explain_pod(view, ns, name)
+            explanation = explain_pod(view, ns, name, budget)
     except NotFound as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2

@@ -4,12 +4,16 @@ For each claim that is not allocated yet, every request (each alternative of a f
 goes through the funnel (funnel.py). A request with no device left is the answer, at its first empty
 step. Otherwise the scheduler's search (search.py) runs on every node the pod may use: the claim
 alone, then all the pod's claims together, as the scheduler allocates them. When a claim fails only
-as a whole, attribution.py says which part (count, a constraint, the requests together).
+as a whole, attribution.py says which part (count, a constraint, the requests together). All searches
+share one deadline and run once per node shape (searches.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +26,11 @@ from controller.explain.funnel import Funnel, funnel
 from controller.explain.nodes import NodeScope, allocation_node, pod_scope
 from controller.explain.reasons import Verdict, funnel_verdict, problem_verdict
 from controller.explain.requests import ClaimPlan, RequestSpec, claim_plan
-from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult, search
+from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult
+from controller.explain.searches import BUDGET_S, STEPS_PER_SEARCH, Searches, SearchStats
 from controller.explain.state import AllocatedState, reserved_pods
 
 Obj = dict[str, Any]
-NODE_BUDGET = 20_000  # search steps per node; the scheduler itself stops after DRASchedulerFilterTimeout
 
 
 @dataclass
@@ -45,6 +49,19 @@ class ClusterView:
         self.state = AllocatedState(self.index, self.slices, self.claims)
         self.evaluator = Evaluator(budget_as_outcome=True)
         self.incomplete_nodes = {d.node for d in self.index.devices if d.pool in self.index.incomplete_pools}
+        self._funnels: dict[Hashable, Funnel] = {}
+
+    def funnel(self, spec: RequestSpec, nodes: set[str] | None) -> Funnel:
+        """funnel(spec) over `nodes`; requests that differ only in name and count (8 requests for one GPU each)
+        share one walk of the devices."""
+        if spec.conditions:  # a runtime error in a request's own selector names that request
+            return funnel(spec, self.index, nodes, self.state, self.evaluator)
+        key = (spec.class_name, spec.needs, json.dumps(spec.tolerations, sort_keys=True, default=str),
+               spec.admin_access, frozenset(nodes) if nodes is not None else None)
+        found = self._funnels.get(key)
+        if found is None:
+            found = self._funnels[key] = funnel(spec, self.index, nodes, self.state, self.evaluator)
+        return dataclasses.replace(found, request=spec)
 
     def find(self, kind: str, namespace: str, name: str) -> Obj | None:
         items = {"pod": self.pods, "claim": self.claims, "template": self.templates}[kind]
@@ -84,13 +101,27 @@ class Explanation:
     claims: tuple[ClaimReport, ...] = ()
     verdict: Verdict = field(default_factory=lambda: Verdict(True))
     problem: str = ""  # the subject does not exist, or uses no claim
+    search: SearchStats = field(default_factory=SearchStats)
+
+    @property
+    def note(self) -> str:
+        """What the search deadline left out ("" when it searched everything)."""
+        return self.search.note()
 
 
 class NotFound(LookupError):
     pass
 
 
-def explain_pod(view: ClusterView, namespace: str, name: str) -> Explanation:
+@dataclass(frozen=True)
+class Budget:
+    """How long explain may search: `seconds` in all, measured on `clock`."""
+
+    seconds: float = BUDGET_S
+    clock: Callable[[], float] = time.monotonic
+
+
+def explain_pod(view: ClusterView, namespace: str, name: str, budget: Budget | None = None) -> Explanation:
     pod = view.find("pod", namespace, name)
     if pod is None:
         raise NotFound(f'pod "{name}" not found in namespace "{namespace}"')
@@ -122,17 +153,18 @@ def explain_pod(view: ClusterView, namespace: str, name: str) -> Explanation:
         return _replace(base, problem=f"pod {namespace}/{name} uses no ResourceClaim: tessera has no part in where "
                         "it runs")
     scope = pod_scope(pod, view.nodes)
-    return _explain(view, base, entries, scope)
+    return _explain(view, base, entries, scope, budget or Budget())
 
 
-def explain_claim(view: ClusterView, namespace: str, name: str) -> Explanation:
+def explain_claim(view: ClusterView, namespace: str, name: str, budget: Budget | None = None) -> Explanation:
     claim = view.find("claim", namespace, name)
     if claim is None:
         raise NotFound(f'resourceclaim "{name}" not found in namespace "{namespace}"')
     users = [object_ref(p) for p in view.pods if _uses(p, name)]
     origin = f"used by {', '.join(f'pod {u}' for u in users)}" if users else "used by no pod"
     base = Explanation("resourceclaim", f"{namespace}/{name}")
-    return _explain(view, base, [(f"{namespace}/{name}", claim, claim.get("spec"), origin)], NodeScope(None))
+    return _explain(view, base, [(f"{namespace}/{name}", claim, claim.get("spec"), origin)], NodeScope(None),
+                    budget or Budget())
 
 
 def _uses(pod: Obj, claim_name: str) -> bool:
@@ -150,7 +182,8 @@ def _replace(e: Explanation, **changes: Any) -> Explanation:
 
 
 def _explain(view: ClusterView, base: Explanation, entries: Sequence[tuple[str, Obj | None, Obj | None, str]],
-             scope: NodeScope) -> Explanation:
+             scope: NodeScope, budget: Budget) -> Explanation:
+    searches = Searches(view.state, view.incomplete_nodes, budget_s=budget.seconds, clock=budget.clock)
     reports: list[ClaimReport] = []
     plans: list[tuple[int, ClaimPlan]] = []
     for ref, claim, spec, origin in entries:
@@ -174,11 +207,11 @@ def _explain(view: ClusterView, base: Explanation, entries: Sequence[tuple[str, 
     nodes = [n for n in view.index.nodes if scope.allows(n)]
     alone: dict[int, dict[str, NodeInputs]] = {}
     for position, plan in plans:
-        report, inputs = _claim(view, plan, nodes, scope, reports[position])
+        report, inputs = _claim(view, searches, plan, nodes, scope, report=reports[position])
         reports[position] = report
         alone[position] = inputs
-    verdict = _pod_verdict(view, reports, alone, base.kind)
-    return _replace(base, scope=scope, claims=tuple(reports), verdict=verdict)
+    verdict = _pod_verdict(searches, reports, alone, base.kind)
+    return _replace(base, scope=scope, claims=tuple(reports), verdict=verdict, search=searches.stats)
 
 
 def _allocated_text(results: Sequence[Mapping[str, Any]]) -> str:
@@ -202,8 +235,7 @@ def _request_reports(view: ClusterView, plan: ClaimPlan, nodes: list[str],
                 verdict = problem_verdict(spec, view.classes)
                 requests.append(RequestReport(spec, None, verdict))
             else:
-                f = funnel(spec, view.index, set(nodes) if scope.names is not None else None, view.state,
-                           view.evaluator)
+                f = view.funnel(spec, set(nodes) if scope.names is not None else None)
                 funnels[spec.ref] = f
                 verdict = funnel_verdict(f, view.classes, view.evaluator, view.index, scope.why)
                 requests.append(RequestReport(spec, f, verdict))
@@ -217,7 +249,7 @@ def _request_reports(view: ClusterView, plan: ClaimPlan, nodes: list[str],
     return requests, funnels, failed
 
 
-def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScope,
+def _claim(view: ClusterView, searches: Searches, plan: ClaimPlan, nodes: list[str], scope: NodeScope, *,
            report: ClaimReport) -> tuple[ClaimReport, dict[str, NodeInputs]]:
     requests, funnels, failed = _request_reports(view, plan, nodes, scope)
     done = _with(report, requests=tuple(requests), constraints=plan.constraints)
@@ -228,25 +260,35 @@ def _claim(view: ClusterView, plan: ClaimPlan, nodes: list[str], scope: NodeScop
     inputs = {n: NodeInputs(n, _claim_input(plan, funnels, n), funnels) for n in nodes}
     found: list[str] = []
     picks: tuple[Pick, ...] = ()
-    limited = False
+    limited = cut = False
     for node in nodes:
-        result = _search([inputs[node].claim], node, view)
+        result = searches.run([inputs[node].claim], node)
         limited |= result.limited
+        cut |= result.cut_short
         if result.found:
             found.append(node)
-            picks = picks or result.picks[0]
+            picks = picks or (result.picks[0] if result.picks else ())
     done = _with(done, tried=tuple(nodes), found=tuple(found))
     if found:
         where = ", ".join(found)
         return _with(done, verdict=Verdict(True, reason=f"could be allocated now on {where}", nodes=tuple(found)),
                      picks=picks), {n: inputs[n] for n in found}
     per_node = list(inputs.values())
-    why = (count_verdict(plan.ref, per_node)
-           or constraint_verdict(plan.ref, per_node, lambda claims, n: _search(claims, n, view)))
-    if why is None and limited:
-        why = Verdict(False, "search-limit", f"the search gave up after {NODE_BUDGET} steps per node without "
-                      "finding devices for all requests", "ask for fewer devices or fewer constraints")
+    why = count_verdict(plan.ref, per_node) or constraint_verdict(plan.ref, per_node, searches.attribute)
+    if why is None and (limited or cut):
+        why = _search_limit(plan.ref, searches.stats, cut)
     return _with(done, verdict=why or combined_verdict(plan.ref, nodes)), {}
+
+
+def _search_limit(ref: str, stats: SearchStats, cut: bool) -> Verdict:
+    """No node was found, and at least one search gave up before it knew."""
+    if cut:
+        return Verdict(False, "search-limit", f"no node searched can take claim {ref}, but the search budget of "
+                       f"{stats.budget_s:g} s ran out before every node was searched",
+                       "run tessera explain again with a larger --search-budget, or ask for fewer devices or "
+                       "constraints")
+    return Verdict(False, "search-limit", f"the search gave up after {STEPS_PER_SEARCH} steps on a node without "
+                   f"finding devices for all requests of claim {ref}", "ask for fewer devices or fewer constraints")
 
 
 def _claim_input(plan: ClaimPlan, funnels: Mapping[str, Funnel], node: str) -> ClaimInput:
@@ -260,18 +302,14 @@ def _claim_input(plan: ClaimPlan, funnels: Mapping[str, Funnel], node: str) -> C
     return ClaimInput(plan.ref, tuple(groups), plan.constraints)
 
 
-def _search(claims: Sequence[ClaimInput], node: str, view: ClusterView) -> SearchResult:
-    return search(claims, view.state, budget=NODE_BUDGET, incomplete_pool=node in view.incomplete_nodes)
-
-
 def _with(report: ClaimReport, **changes: Any) -> ClaimReport:
     from dataclasses import replace
 
     return replace(report, **changes)
 
 
-def _pod_verdict(view: ClusterView, reports: Sequence[ClaimReport], alone: Mapping[int, Mapping[str, NodeInputs]],
-                 kind: str) -> Verdict:
+def _pod_verdict(searches: Searches, reports: Sequence[ClaimReport],
+                 alone: Mapping[int, Mapping[str, NodeInputs]], kind: str) -> Verdict:
     for report in reports:
         if not report.verdict.ok:
             return report.verdict
@@ -280,7 +318,7 @@ def _pod_verdict(view: ClusterView, reports: Sequence[ClaimReport], alone: Mappi
         return Verdict(True, reason="tessera's part is done: every claim is allocated")
     nodes = set.intersection(*(set(alone[i]) for i in pending))
     if len(pending) > 1:
-        ok_nodes = sorted(n for n in nodes if _search([alone[i][n].claim for i in pending], n, view).found)
+        ok_nodes = sorted(n for n in nodes if searches.run([alone[i][n].claim for i in pending], n).found)
         if not ok_nodes:
             claims = ", ".join(reports[i].ref for i in pending)
             return Verdict(False, "pod", f"each of the pod's claims ({claims}) can be allocated on its own, but not "
@@ -296,8 +334,7 @@ def _pod_verdict(view: ClusterView, reports: Sequence[ClaimReport], alone: Mappi
 def search_claim(view: ClusterView, claim: Obj, node: str) -> SearchResult:
     """What the scheduler would allocate for one claim on one node, from the same code `explain` runs."""
     plan = claim_plan(object_ref(claim), claim.get("spec") or {}, view.classes)
-    funnels = {s.ref: funnel(s, view.index, {node}, view.state, view.evaluator)
-               for g in plan.groups for s in g.alternatives if s.ours and not s.problem}
+    funnels = {s.ref: view.funnel(s, {node}) for g in plan.groups for s in g.alternatives if s.ours and not s.problem}
     if any(not s.ours or s.problem for g in plan.groups for s in g.alternatives):
         return SearchResult(False, error="a request names a class that is missing or not tessera's")
-    return _search([_claim_input(plan, funnels, node)], node, view)
+    return Searches(view.state, view.incomplete_nodes).run([_claim_input(plan, funnels, node)], node)

@@ -111,6 +111,8 @@ def render_text(e: Explanation) -> str:
     else:
         lines.append(f"Why: {v.reason}")
         lines.append(f"Fix: {v.fix}")
+    if e.note:
+        lines.append(f"Note: {e.note}")
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +178,10 @@ def render_json(e: Explanation) -> dict[str, Any]:
                            "schedulerMessage": e.scheduler_message or None,
                            "nodeScope": {"why": e.scope.why,
                                          "nodes": sorted(e.scope.names) if e.scope.names is not None else None},
-                           "claims": [_claim_json(c) for c in e.claims], "verdict": _verdict_json(e.verdict)}
+                           "claims": [_claim_json(c) for c in e.claims], "verdict": _verdict_json(e.verdict),
+                           "search": {"budgetSeconds": e.search.budget_s, "runs": e.search.runs,
+                                      "reused": e.search.reused, "steps": e.search.steps,
+                                      "cutShort": e.search.cut_short, "note": e.note or None}}
     if e.problem:
         out["problem"] = e.problem
     return out

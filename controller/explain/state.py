@@ -22,7 +22,7 @@ CounterKey = tuple[str, str, str]  # pool, counter set, counter
 
 
 def device_key(device: InventoryDevice) -> DeviceKey:
-    return (device.driver, device.pool, device.name)
+    return (device.driver, device.pool, str(device.spec.get("name", "")))
 
 
 def reserved_pods(claim: Obj) -> tuple[str, ...]:
@@ -99,6 +99,7 @@ class AllocatedState:
         self.counter_holders: dict[CounterKey, list[InventoryDevice]] = {}
         self._available: dict[str, dict[CounterKey, Fraction]] = {}
         self._consumed: dict[DeviceKey, dict[CounterKey, Fraction]] = {}
+        self._values: dict[tuple[DeviceKey, str], Fraction] = {}
         self._overdrawn: dict[str, list[CounterKey]] = {}
         for key in set(self.dedicated) | set(self.shared):
             device = self.by_key.get(key)
@@ -134,6 +135,14 @@ class AllocatedState:
     def in_use(self, device: InventoryDevice) -> dict[str, Fraction]:
         """Capacity consumed by the shares on the device (the allocator's AggregatedCapacity)."""
         return dict(self.shared.get(device_key(device), {}))
+
+    def capacity_value(self, device: InventoryDevice, key: str) -> Fraction:
+        """The value of the device's capacity `key` (0 when it has none), parsed once per snapshot."""
+        cached = self._values.get((device_key(device), key))
+        if cached is None:
+            cached = self._values[(device_key(device), key)] = \
+                quantity((device.capacity(key) or {}).get("value")) or Fraction(0)
+        return cached
 
     def used_memory(self, device: InventoryDevice) -> Fraction:
         """Memory held on the device: what its holders' bookings hold (all of it when one holds it whole)."""

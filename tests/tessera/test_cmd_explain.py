@@ -145,3 +145,21 @@ def test_an_unreachable_apiserver_names_the_read(tmp_path: Path) -> None:
     assert reader.context_namespace == "ml"
     with pytest.raises(ReadError, match="cannot read resourceslices"):
         reader.resource_slices()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf"])
+def test_a_search_budget_that_is_not_a_positive_number_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                  value: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, "pod/p", "--search-budget", value)
+    assert exit_info.value.code == 2
+    assert "--search-budget" in capsys.readouterr().err
+
+
+def test_the_search_budget_reaches_the_search_and_shows_in_json(cluster: FakeCluster,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.claim("want", exactly(count=2))
+    rc, out, _ = run(capsys, "resourceclaim/want", "--search-budget", "7.5", "-o", "json")
+    assert rc == 0
+    assert json.loads(out)["search"] == {"budgetSeconds": 7.5, "runs": 1, "reused": 0, "steps": 5,
+                                         "cutShort": False, "note": None}
