@@ -106,17 +106,15 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
 
 def _load_cluster(ctx: Any, kubeconfig: str) -> None:
     from controller.cluster.inventory import DeviceIndex
-    from driver import DRIVER_NAME
-    from driver.kubeapi import ApiError, RealKubeAPI
+    from controller.cluster.objects import by_name
+    from tessera import clusterread as read
 
     try:
-        api = RealKubeAPI(kubeconfig)
-        slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER_NAME}").get("items") or []
-        classes = api.list_device_classes().get("items") or []
-    except ApiError as exc:
-        raise InputError(f"cannot read from the cluster: {exc}") from exc
-    except Exception as exc:  # kubeconfig parse errors come as several exception types
-        raise InputError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+        api = read.connect(kubeconfig)
+        slices = read.resource_slices(api)
+        classes = read.device_classes(api)
+    except read.ReadError as exc:
+        raise InputError(str(exc)) from exc
     ctx.inventory = DeviceIndex.from_slices(slices)
-    ctx.classes = {str((c.get("metadata") or {}).get("name")): c for c in classes}
+    ctx.classes = by_name(classes)
     ctx.classes_complete = True

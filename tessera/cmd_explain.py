@@ -61,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
 
 def explain(target: str, *, namespace: str | None, kubeconfig: str | None, output: str, out: TextIO,
             err: TextIO, search_budget: float | None = None) -> int:
+    from controller.cluster.objects import by_name
     from controller.explain.explain import Budget, ClusterView, NotFound, explain_claim, explain_pod
     from controller.explain.render import render_json, render_text
-    from tessera.clusterread import ClusterReader, ReadError
+    from tessera import clusterread as read
 
     budget = Budget() if search_budget is None else Budget(search_budget)
     try:
@@ -72,13 +73,15 @@ def explain(target: str, *, namespace: str | None, kubeconfig: str | None, outpu
         print(f"tessera explain: {exc}", file=err)
         return 2
     try:
-        reader = ClusterReader(kubeconfig)
-        ns = namespace or reader.context_namespace
+        api = read.connect(kubeconfig)
+        ns = namespace or api.namespace
         view = ClusterView(
-            slices=reader.resource_slices(), classes=reader.device_classes(), claims=reader.resource_claims(),
-            pods=reader.pods(ns) or [], nodes=reader.nodes(), templates=reader.templates(ns),
+            slices=read.resource_slices(api), classes=by_name(read.device_classes(api)),
+            claims=read.resource_claims(api), pods=read.pods(api, ns) or [], nodes=read.nodes(api),
+            templates=read.templates(api, ns), events=read.prepare_events(api, ns, name) if kind != "resourceclaim"
+            else [], taint_rules=read.taint_rules(api) or [],
         )
-    except ReadError as exc:
+    except read.ReadError as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2
     try:

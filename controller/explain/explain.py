@@ -21,9 +21,12 @@ from controller.checks.claimspec import Constraint
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.matching import Evaluator
 from controller.cluster.objects import object_ref
+from controller.cluster.taints import taint_rules, with_rule_taints
 from controller.explain.attribution import NodeInputs, combined_verdict, constraint_verdict, count_verdict
+from controller.explain.extended import claim_spec_for, extended_asks, extended_claim_name
 from controller.explain.funnel import Funnel, funnel
 from controller.explain.nodes import NodeScope, allocation_node, pod_scope
+from controller.explain.nodeside import PrepareFailure, prepare_failure, prepare_verdict
 from controller.explain.reasons import Verdict, funnel_verdict, problem_verdict
 from controller.explain.requests import ClaimPlan, RequestSpec, claim_plan
 from controller.explain.search import Alternative, ClaimInput, Pick, SearchResult
@@ -43,10 +46,14 @@ class ClusterView:
     pods: list[Obj] = field(default_factory=list)
     nodes: list[Obj] | None = None  # None: could not be read (RBAC); node selection is then not applied
     templates: list[Obj] = field(default_factory=list)
+    events: list[Obj] = field(default_factory=list)  # kubelet's FailedPrepareDynamicResources events of the pod
+    taint_rules: list[Obj] = field(default_factory=list)  # DeviceTaintRules, when the cluster serves them
 
     def __post_init__(self) -> None:
-        self.index = DeviceIndex.from_slices(self.slices)
-        self.state = AllocatedState(self.index, self.slices, self.claims)
+        self.rules = taint_rules(self.taint_rules)
+        slices = with_rule_taints(self.slices, self.rules)  # as the scheduler sees the devices
+        self.index = DeviceIndex.from_slices(slices)
+        self.state = AllocatedState(self.index, slices, self.claims)
         self.evaluator = Evaluator(budget_as_outcome=True)
         self.incomplete_nodes = {d.node for d in self.index.devices if d.pool in self.index.incomplete_pools}
         self._funnels: dict[Hashable, Funnel] = {}
@@ -102,6 +109,7 @@ class Explanation:
     verdict: Verdict = field(default_factory=lambda: Verdict(True))
     problem: str = ""  # the subject does not exist, or uses no claim
     search: SearchStats = field(default_factory=SearchStats)
+    prepare: PrepareFailure | None = None  # kubelet cannot prepare the allocated claims (nodeside.py)
 
     @property
     def note(self) -> str:
@@ -121,6 +129,9 @@ class Budget:
     clock: Callable[[], float] = time.monotonic
 
 
+Entry = tuple[str, Obj | None, Obj | None, str]  # claim ref, the claim (None: not created yet), spec to plan, origin
+
+
 def explain_pod(view: ClusterView, namespace: str, name: str, budget: Budget | None = None) -> Explanation:
     pod = view.find("pod", namespace, name)
     if pod is None:
@@ -129,8 +140,23 @@ def explain_pod(view: ClusterView, namespace: str, name: str, budget: Budget | N
     message = next((c.get("message", "") for c in status.get("conditions") or ()
                     if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
     base = Explanation("pod", f"{namespace}/{name}", str(status.get("phase", "")), str(message))
-    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
-    entries: list[tuple[str, Obj | None, Obj | None, str]] = []  # ref, claim, spec to plan, origin
+    entries = [*_claim_entries(view, pod, namespace), *_extended_entries(view, pod, namespace)]
+    if not entries:
+        return _replace(base, problem=f"pod {namespace}/{name} uses no ResourceClaim and no extended resource a "
+                        "DeviceClass answers: tessera has no part in where it runs")
+    explained = _explain(view, base, entries, pod_scope(pod, view.nodes), budget or Budget())
+    if explained.verdict.ok and all(c.allocated for c in explained.claims):
+        failure = prepare_failure(pod, view.events)
+        if failure is not None:
+            return _replace(explained, prepare=failure, verdict=prepare_verdict(failure, f"{namespace}/{name}"))
+    return explained
+
+
+def _claim_entries(view: ClusterView, pod: Obj, namespace: str) -> list[Entry]:
+    """The claims of spec.resourceClaims: named, or made from a template (its spec while not created yet)."""
+    generated = {s.get("name"): s.get("resourceClaimName")
+                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    entries: list[Entry] = []
     for pc in (pod.get("spec") or {}).get("resourceClaims") or ():
         if pc.get("resourceClaimName"):
             claim_name = str(pc["resourceClaimName"])
@@ -149,11 +175,23 @@ def explain_pod(view: ClusterView, namespace: str, name: str, budget: Budget | N
             spec = ((template or {}).get("spec") or {}).get("spec")
             entries.append((f"{namespace}/{template_name}", None, spec,
                             f"pod claim {pc.get('name')}: template {template_name}, claim not created yet"))
-    if not entries:
-        return _replace(base, problem=f"pod {namespace}/{name} uses no ResourceClaim: tessera has no part in where "
-                        "it runs")
-    scope = pod_scope(pod, view.nodes)
-    return _explain(view, base, entries, scope, budget or Budget())
+    return entries
+
+
+def _extended_entries(view: ClusterView, pod: Obj, namespace: str) -> list[Entry]:
+    """The claim the scheduler made for the pod's extended resources, or the one it would make (extended.py)."""
+    asks = extended_asks(pod, view.classes)
+    what = "; ".join(a.describe() for a in asks) or "extended resources"
+    created = extended_claim_name(pod)
+    if created:
+        claim = view.find("claim", namespace, created)
+        return [(f"{namespace}/{created}", claim, claim.get("spec") if claim else None,
+                 f"extended resources {what}, claim made by the scheduler")]
+    if not asks:
+        return []
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    return [(f"{namespace}/{name}-extended-resources", None, claim_spec_for(asks),
+             f"extended resources {what}: the scheduler makes this claim once it can allocate it")]
 
 
 def explain_claim(view: ClusterView, namespace: str, name: str, budget: Budget | None = None) -> Explanation:
@@ -181,8 +219,8 @@ def _replace(e: Explanation, **changes: Any) -> Explanation:
     return replace(e, **changes)
 
 
-def _explain(view: ClusterView, base: Explanation, entries: Sequence[tuple[str, Obj | None, Obj | None, str]],
-             scope: NodeScope, budget: Budget) -> Explanation:
+def _explain(view: ClusterView, base: Explanation, entries: Sequence[Entry], scope: NodeScope,
+             budget: Budget) -> Explanation:
     searches = Searches(view.state, view.incomplete_nodes, budget_s=budget.seconds, clock=budget.clock)
     reports: list[ClaimReport] = []
     plans: list[tuple[int, ClaimPlan]] = []
@@ -237,7 +275,7 @@ def _request_reports(view: ClusterView, plan: ClaimPlan, nodes: list[str],
             else:
                 f = view.funnel(spec, set(nodes) if scope.names is not None else None)
                 funnels[spec.ref] = f
-                verdict = funnel_verdict(f, view.classes, view.evaluator, view.index, scope.why)
+                verdict = funnel_verdict(f, view.classes, view.evaluator, view.index, scope.why, rules=view.rules)
                 requests.append(RequestReport(spec, f, verdict))
             group_verdicts.append(verdict)
         # a missing class or a selector that does not compile stops the scheduler whichever alternative it is in

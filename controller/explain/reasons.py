@@ -12,7 +12,7 @@ from controller.checks.ownership import class_targets_tessera
 from controller.checks.selectors import compile_selectors
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, Requirement, match
-from controller.cluster.taints import fmt_taint
+from controller.cluster.taints import TaintRule, fmt_taint, rule_of
 from controller.explain.funnel import Drop, Funnel
 from controller.explain.requests import RequestSpec
 from controller.explain.state import Holder
@@ -70,7 +70,7 @@ def _freeing(holders: Sequence[Holder]) -> str:
 
 
 def funnel_verdict(f: Funnel, classes: Mapping[str, Obj], evaluator: Evaluator, all_devices: DeviceIndex,
-                   scope_why: str) -> Verdict:
+                   scope_why: str, *, rules: Sequence[TaintRule] = ()) -> Verdict:
     """Why the request gets no device, from the first empty step of its funnel."""
     if f.runtime_errors:
         e = f.runtime_errors[0]
@@ -86,7 +86,7 @@ def funnel_verdict(f: Funnel, classes: Mapping[str, Obj], evaluator: Evaluator, 
     previous = f.steps[f.steps.index(step) - 1] if step.name != "driver" else None
     handler = _HANDLERS[step.name]
     return handler(f, step.dropped, previous.count if previous else 0,
-                   _Context(classes, evaluator, all_devices, scope_why))
+                   _Context(classes, evaluator, all_devices, scope_why, tuple(rules)))
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,7 @@ class _Context:
     evaluator: Evaluator
     all_devices: DeviceIndex
     scope_why: str
+    rules: tuple[TaintRule, ...] = ()
 
 
 def _driver(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
@@ -219,14 +220,23 @@ def _allocation(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) ->
 
 def _taints(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
     taint = drops[0].taint or {}
-    named = _named(drops, lambda d: f"{d.device.ref} has {fmt_taint(d.taint or {})}")
+    def has(d: Drop) -> str:
+        rule = rule_of(ctx.rules, d.device, d.taint or {})
+        source = f" (from DeviceTaintRule {rule.name})" if rule else ""
+        return f"{d.device.ref} has {fmt_taint(d.taint or {})}{source}"
+
+    named = _named(drops, has)
     toleration = {"key": taint.get("key"), "operator": "Equal" if taint.get("value") else "Exists"}
     if taint.get("value"):
         toleration["value"] = f'"{taint["value"]}"'
     toleration["effect"] = taint.get("effect")
     shown = ", ".join(f"{k}: {v}" for k, v in toleration.items())
     fix = f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the admin to remove the taint'
-    if str(taint.get("key", "")).startswith(f"{DRIVER_NAME}/"):
+    rule = rule_of(ctx.rules, drops[0].device, taint)
+    if rule is not None:
+        fix = (f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the admin to delete or narrow '
+               f"DeviceTaintRule {rule.name} (kubectl get devicetaintrules)")
+    elif str(taint.get("key", "")).startswith(f"{DRIVER_NAME}/"):
         # tessera's own health taints: the GPU is sick, tolerating it is for diagnostics only
         fix = (f"tessera marked the GPU unhealthy ({fmt_taint(taint)}; docs/health.md): wait until it is reset or "
                f'repaired, or, for a diagnostics job only, add the toleration {{{shown}}} to request "{f.request.ref}"')

@@ -100,6 +100,9 @@ def render_text(e: Explanation) -> str:
     if e.problem:
         lines.append(f"  {e.problem}")
         return "\n".join(lines) + "\n"
+    if e.prepare is not None:
+        seen = f" ({e.prepare.count} times, last at {e.prepare.last_seen})" if e.prepare.last_seen else ""
+        lines.append(f"  kubelet on {e.prepare.node or 'its node'}{seen}: {e.prepare.message}")
     for claim in e.claims:
         lines += ["", *_claim_lines(claim, e.verdict)]
     lines.append("")
@@ -184,4 +187,8 @@ def render_json(e: Explanation) -> dict[str, Any]:
                                       "cutShort": e.search.cut_short, "note": e.note or None}}
     if e.problem:
         out["problem"] = e.problem
+    if e.prepare is not None:
+        out["prepare"] = {"node": e.prepare.node, "message": e.prepare.message, "count": e.prepare.count,
+                          "lastSeen": e.prepare.last_seen or None, "claim": e.prepare.claim or None,
+                          "agentError": e.prepare.agent_error or None}
     return out
