@@ -4,7 +4,8 @@ A pod in that state is bound and its claims are allocated, so the scheduler has 
 reads kubelet's event and says what the failure is and what to do about it.
 
 kubelet's message is `Failed to prepare dynamic resources: ...`, and what follows says who failed:
-- `NodePrepareResources failed for claim NS/NAME: TEXT`: the node agent answered, TEXT is its own message;
+- `NodePrepareResources failed for ResourceClaim NAME: TEXT` (1.36; `for claim NS/NAME` before): the node
+  agent answered, TEXT is its own message;
 - `... not found in the list of registered DRA plugins` (or `... not registered`): no node agent for
   gpu.tessera.dev is registered with kubelet on that node;
 - a gRPC error (`rpc error: code = Unavailable`, `DeadlineExceeded`): the node agent did not answer.
@@ -23,7 +24,7 @@ from driver import DRIVER_NAME
 Obj = dict[str, Any]
 PREPARE_FAILED = "FailedPrepareDynamicResources"
 PLUGIN_PODS = "kubectl get pods -A -o wide --field-selector spec.nodeName={node} | grep tessera"
-_CLAIM_ERROR = re.compile(r"NodePrepareResources failed for claim ([^\s:]+): (.*)", re.DOTALL)
+_CLAIM_ERROR = re.compile(r"NodePrepareResources failed for (?:ResourceClaim|claim) ([^\s:]+): (.*)", re.DOTALL)
 _NOT_REGISTERED = re.compile(r"not found in the list of registered DRA plugins|is not registered|not connected")
 _NO_ANSWER = re.compile(r"code = (Unavailable|DeadlineExceeded)|connection refused|context deadline exceeded")
 
@@ -77,8 +78,10 @@ def prepare_failure(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]])
                or latest.get("reportingInstance") or "")
     count = int(_series(latest).get("count") or latest.get("count") or 1)
     found = _CLAIM_ERROR.search(message)
-    return PrepareFailure(node, message, count, _when(latest), found.group(1) if found else "",
-                          found.group(2).strip() if found else "")
+    claim = found.group(1) if found else ""
+    if claim and "/" not in claim:  # kubelet 1.36 names the claim alone; it is in the pod's namespace
+        claim = f"{meta.get('namespace') or ''}/{claim}".lstrip("/")
+    return PrepareFailure(node, message, count, _when(latest), claim, found.group(2).strip() if found else "")
 
 
 def prepare_verdict(failure: PrepareFailure, pod: str) -> Verdict:

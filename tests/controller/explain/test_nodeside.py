@@ -12,7 +12,9 @@ from controller.explain.nodeside import PrepareFailure, prepare_failure, prepare
 from controller.explain.render import render_json, render_text
 from tests.fakes.cluster import FakeCluster, exactly
 
-KUBELET = "Failed to prepare dynamic resources: NodePrepareResources failed for claim default/held: "
+# kubelet 1.36's words (older kubelets wrote "for claim NAMESPACE/NAME")
+KUBELET = ("Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources failed for "
+           "ResourceClaim held: ")
 STALE = ("device 'gpu-9' is not on node node-a (this node has: gpu-0, gpu-1, gpu-2, gpu-3); the ResourceSlice is "
          "out of date, delete the claim's pod so it is scheduled again")
 CONFIG = ("spec.devices.config[0].opaque.parameters.sharing: one MPS daemon serves the whole claim, so either all "
@@ -61,6 +63,8 @@ def test_a_prepare_that_keeps_failing_is_explained_with_kubelets_message_and_tes
 
 @pytest.mark.parametrize(("message", "fix"), [
     (KUBELET + CONFIG, "change the claim's GpuConfig"),
+    ("Failed to prepare dynamic resources: NodePrepareResources failed for claim default/held: " + STALE,
+     "the claim holds devices node-a no longer publishes"),
     ("Failed to prepare dynamic resources: plugin name gpu.tessera.dev not found in the list of registered DRA "
      "plugins", "start tessera's kubelet plugin on node-a"),
     ("Failed to prepare dynamic resources: NodePrepareResources failed: rpc error: code = DeadlineExceeded desc = "
