@@ -5,9 +5,10 @@ first and the last: two requests would have to share one card, which a whole GPU
 node the search tries every way to fill the 7 requests between them before it gives up. The nodes are
 DGX H100s (8 GPUs each, as `tessera inventory --simulate dgx-h100-8` publishes them); the pod may use any
 node. Two fleets: `same`, idle identical nodes (one search answers for all of them), and `distinct`, where
-each node holds a share of a different size on gpu-0, so no two nodes are alike and only the overall
-deadline bounds the time. The figure is the wall time of explain_pod on the view (the apiserver reads
-are not included), the searches run and their steps, and the answer: one the budget cut short says so.
+each node's gpu-0 reports a slightly different memory size (as cards of one model do under NVML), so no
+two nodes are alike and only the overall deadline bounds the time. The figure is the wall time of
+explain_pod on the view (the apiserver reads are not included), the searches run and their steps, and the
+answer: one the budget cut short says so.
 
     python -m benchmarks.explain_bench                          # both fleets at 1, 4, 16 and 100 nodes
     python -m benchmarks.explain_bench --nodes 1 4 --fleet same   # a subset
@@ -30,6 +31,7 @@ from controller.explain.explain import ClusterView, explain_pod
 from driver import DRIVER_NAME
 from driver.discovery import load_inventory
 from driver.names import slice_name
+from driver.quantity import canonical_quantity, quantity_bytes
 from driver.slices import build_slices
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,29 +66,23 @@ def classes() -> dict[str, Obj]:
     return out
 
 
-def cluster(nodes: int) -> tuple[list[Obj], list[Obj]]:
-    """The slices of `nodes` DGX H100 nodes, and their Node objects."""
+def cluster(nodes: int, *, distinct: bool = False) -> tuple[list[Obj], list[Obj]]:
+    """The slices of `nodes` DGX H100 nodes, and their Node objects; `distinct`: each node's gpu-0 has n+1 MiB
+    less memory than the profile's."""
     slices: list[Obj] = []
     node_objs: list[Obj] = []
     for n in range(nodes):
         name = f"dgx-{n:03d}"
         for i, s in enumerate(build_slices(load_inventory(name, simulate="dgx-h100-8"))):
             s.setdefault("metadata", {})["name"] = slice_name(name, i)
+            for device in s["spec"].get("devices") or () if distinct else ():
+                if device["name"] == "gpu-0":
+                    memory = device["capacity"]["memory"]
+                    memory["value"] = canonical_quantity(quantity_bytes(memory["value"]) - ((n + 1) << 20),
+                                                         binary=True)
             slices.append(s)
         node_objs.append({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
     return slices, node_objs
-
-
-def held_shares(nodes: int) -> list[Obj]:
-    """On node n, a claim holding a share of n+1 GiB of gpu-0: every node a shape of its own."""
-    claims = []
-    for n in range(nodes):
-        result = {"request": "gpu", "driver": DRIVER_NAME, "pool": f"dgx-{n:03d}", "device": "gpu-0",
-                  "shareID": f"00000000-0000-4000-8000-{n:012d}",
-                  "consumedCapacity": {"memory": f"{n + 1}Gi", "multiprocessors": "132"}}
-        claims.append({"metadata": {"name": f"held-{n}", "namespace": "bench"},
-                       "status": {"allocation": {"devices": {"results": [result]}}}})
-    return claims
 
 
 def backtracking_claim(namespace: str = "bench") -> tuple[Obj, Obj]:
@@ -104,10 +100,9 @@ def backtracking_claim(namespace: str = "bench") -> tuple[Obj, Obj]:
 
 
 def run_one(fleet: str, nodes: int, device_classes: dict[str, Obj]) -> ExplainResult:
-    slices, node_objs = cluster(nodes)
+    slices, node_objs = cluster(nodes, distinct=fleet == "distinct")
     claim, pod = backtracking_claim()
-    held = held_shares(nodes) if fleet == "distinct" else []
-    view = ClusterView(slices, device_classes, [claim, *held], [pod], node_objs)
+    view = ClusterView(slices, device_classes, [claim], [pod], node_objs)
     started = time.perf_counter()
     explanation = explain_pod(view, "bench", "backtrack")
     seconds = time.perf_counter() - started
