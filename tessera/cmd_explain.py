@@ -1,9 +1,13 @@
-"""`tessera explain POD|pod/NAME|resourceclaim/NAME [-n NS]`: why a pod's claims are not allocated.
+"""`tessera explain POD|pod/NAME|resourceclaim/NAME [-n NS]`: why a pod's claims are not allocated, or,
+once they are, why kubelet cannot prepare them.
 
-For each claim and request: how many devices pass each step (driver, DeviceClass, selectors, capacity,
-allocation, taints, counters, constraints), and at the first step that leaves nothing, the reason and
-a fix. Exit status 0 when tessera's part is fine (allocated, or could be now), 1 when a claim cannot be
-allocated, 2 when the cluster cannot be read or the pod/claim does not exist.
+For each claim and request (the claim the scheduler makes for extended resources included): how many
+devices pass each step (driver, DeviceClass, selectors, capacity, allocation, taints, counters,
+constraints), and at the first step that leaves nothing, the reason and a fix; for a bound pod whose
+claims are allocated, kubelet's FailedPrepareDynamicResources message and tessera's fix. The search has
+one budget (--search-budget); an answer it cut short says so. Exit status 0 when tessera's part is fine
+(allocated, or could be now), 1 when a claim cannot be allocated or prepared, 2 when the cluster cannot
+be read or the pod/claim does not exist.
 """
 
 from __future__ import annotations
