@@ -8,19 +8,19 @@ from __future__ import annotations
 import argparse
 import time
 
+from driver import DRIVER_NAME
 from driver.cel import DeviceView, compile_selector, device_view
 
-DRIVER = "gpu.tessera.dev"
-A = f'device.attributes["{DRIVER}"]'
-C = f'device.capacity["{DRIVER}"]'
+A = f'device.attributes["{DRIVER_NAME}"]'
+C = f'device.capacity["{DRIVER_NAME}"]'
 SELECTORS = {
-    "driver": f'device.driver == "{DRIVER}"',
+    "driver": f'device.driver == "{DRIVER_NAME}"',
     "product+memory": f'{A}.productName.startsWith("NVIDIA H100") && {C}.memory.compareTo(quantity("40Gi")) >= 0',
     "semver": f'{A}.driverVersion.isGreaterThan(semver("550.0.0"))',
     "guarded-mig": f'{A}.type == "mig" && "profile" in {A} && {A}.profile == "1g.10gb"',
     "bind+regex": f'cel.bind(g, {A}, g.numaNode == 0 && g.productName.matches("^NVIDIA (A|H)100"))',
     "exists-domains": 'device.attributes.exists(d, d.startsWith("resource.")) && "memory" in '
-                      f'device.capacity["{DRIVER}"]',
+                      f'device.capacity["{DRIVER_NAME}"]',
 }
 
 
@@ -35,7 +35,7 @@ def devices(n: int) -> list[DeviceView]:
                  "resource.kubernetes.io/pciBusID": {"string": f"0000:{i % 256:02x}:00.0"}}
         if mig:
             attrs["profile"] = {"string": "1g.10gb"}
-        out.append(device_view(DRIVER, {"name": f"gpu-{i}", "attributes": attrs,
+        out.append(device_view(DRIVER_NAME, {"name": f"gpu-{i}", "attributes": attrs,
                                         "capacity": {"memory": {"value": "80Gi" if i % 3 else "40Gi"}}}))
     return out
 

@@ -26,13 +26,13 @@ from typing import Any
 import yaml
 
 from benchmarks.stats import table
+from driver import DRIVER_NAME
 from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
 from driver.discovery import load_inventory
 from driver.slices import build_slices
 from tests.driver.cel.corpus import load as load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER = "gpu.tessera.dev"
 ENGINES = ("celexpr", "celpy")
 # a 10,000-step comprehension: about a second per evaluation in Python, so it gets its own row
 HEAVY = frozenset({"ten-thousand-iterations"})
@@ -70,7 +70,8 @@ def shipped_cases() -> list[Case]:
     devices = [d for profile, strategy in (("dgx-h100-8", "static"), ("h100-16-mig", "dynamic"))
                for s in build_slices(load_inventory("bench", simulate=profile), mig_strategy=strategy)
                for d in s["spec"].get("devices", [])]
-    return [Case(f"class{i}/{d['name']}", e, DRIVER, d) for i, e in enumerate(shipped_selectors()) for d in devices]
+    return [Case(f"class{i}/{d['name']}", e, DRIVER_NAME, d)
+            for i, e in enumerate(shipped_selectors()) for d in devices]
 
 
 def _slice_device(device: dict[str, Any]) -> dict[str, Any]:

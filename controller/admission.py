@@ -26,11 +26,13 @@ from typing import Any, Literal
 import structlog
 
 from controller.checks.claims import check_claim_spec
+from controller.checks.claimspec import CLAIM_KINDS, claim_spec
 from controller.checks.classes import check_device_class
 from controller.checks.findings import Finding
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import ANNOTATION, rewrite_claim_spec
 from controller.cluster.matching import ReviewDeadlineExceeded
+from controller.cluster.objects import display_name
 from driver.errors import InvalidInputError
 
 log = structlog.get_logger(__name__)
@@ -39,7 +41,6 @@ VALIDATE_CLASS = "/validate-deviceclass"
 VALIDATE_CLAIM = "/validate-resourceclaim"
 MUTATE_CLAIM = "/mutate-resourceclaim"
 ENDPOINTS = (VALIDATE_CLASS, VALIDATE_CLAIM, MUTATE_CLAIM)
-CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 RESOURCE_GROUP = "resource.k8s.io"
 
 Obj = dict[str, Any]
@@ -114,7 +115,7 @@ class AdmissionHandler:
         kind_info = request.get("kind") or {}
         kind = str(kind_info.get("kind", "")) if isinstance(kind_info, dict) else ""
         obj = request.get("object")
-        name = _name(obj) if isinstance(obj, dict) else ""
+        name = display_name(obj) if isinstance(obj, dict) else ""
         what = f'{kind} "{name}"'
         if self.on_deadline == "allow":
             note = (f"tessera did not finish checking {what} ({reason}); admitted unchecked, as the webhook's "
@@ -145,18 +146,18 @@ class AdmissionHandler:
             old = request.get("oldObject")
             if operation == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
                 return Verdict(True, kind=kind)
-            return _judged(check_device_class(obj, self._checks(deadline)).findings, kind, _name(obj))
+            return _judged(check_device_class(obj, self._checks(deadline)).findings, kind, display_name(obj))
         if kind not in CLAIM_KINDS:
             note = f"{endpoint} expects ResourceClaim or ResourceClaimTemplate, got {kind}"
             return Verdict(True, warnings=(note,), kind=kind)
         if operation != "CREATE":
             return Verdict(True, kind=kind)
-        spec, path = _claim_spec(obj, kind)
+        spec, path = claim_spec(obj, kind)
         ctx = self._checks(deadline)
         if endpoint == MUTATE_CLAIM:
             return _mutation(obj, spec, path, kind, ctx)
         target = _explain_target(obj, kind, str(request.get("namespace") or ""))
-        return _judged(check_claim_spec(spec, path, ctx, explain=target).findings, kind, _name(obj))
+        return _judged(check_claim_spec(spec, path, ctx, explain=target).findings, kind, display_name(obj))
 
     def _checks(self, deadline: float | None) -> CheckContext:
         ctx = self._context()
@@ -167,7 +168,7 @@ class AdmissionHandler:
 def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> Verdict:
     result = rewrite_claim_spec(spec, path, ctx.targets_tessera)
     if result.findings:
-        return _judged(result.findings, kind, _name(obj))
+        return _judged(result.findings, kind, display_name(obj))
     if not result.changed:
         return Verdict(True, kind=kind)
     pointer = "/spec/devices" if path == "spec" else "/spec/spec/devices"
@@ -181,13 +182,6 @@ def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> V
     return Verdict(True, patch=tuple(patch), kind=kind)
 
 
-def _claim_spec(obj: Obj, kind: str) -> tuple[Any, str]:
-    spec = obj.get("spec")
-    if kind == "ResourceClaimTemplate":
-        return (spec.get("spec") if isinstance(spec, dict) else None), "spec.spec"
-    return spec, "spec"
-
-
 def _explain_target(obj: Obj, kind: str, namespace: str) -> str:
     """What to pass to `tessera explain` for this object: the claim itself, or a pod using the template."""
     meta = obj.get("metadata") or {}
@@ -196,13 +190,6 @@ def _explain_target(obj: Obj, kind: str, namespace: str) -> str:
     if kind == "ResourceClaim" and meta.get("name"):
         return f"resourceclaim/{meta['name']}{flag}"
     return f"pod/<a pod using it>{flag}"
-
-
-def _name(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    name = meta.get("name") or meta.get("generateName") or ""
-    namespace = meta.get("namespace")
-    return f"{namespace}/{name}" if namespace else str(name)
 
 
 def _judged(findings: tuple[Finding, ...] | list[Finding], kind: str, name: str) -> Verdict:

@@ -12,14 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.checks.claims import check_claim_spec
+from controller.checks.claimspec import CLAIM_KINDS, claim_spec
 from controller.checks.classes import check_device_class
 from controller.checks.findings import Finding, error
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import rewrite_claim_spec
 from controller.cluster.matching import MatchResult
+from controller.cluster.objects import by_name, display_name
 
 Obj = dict[str, Any]
-CHECKED_KINDS = ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate")
+CHECKED_KINDS = ("DeviceClass", *CLAIM_KINDS)
 
 
 @dataclass(frozen=True)
@@ -60,19 +62,10 @@ def flatten(documents: Iterable[tuple[str, Any]]) -> list[SourcedObject]:
     return out
 
 
-def object_name(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name") or meta.get("generateName") or "<no name>")
-    return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
-
-
 def check_objects(objects: list[SourcedObject], ctx: CheckContext) -> list[ObjectResult]:
     """Check every object; `ctx.classes` is extended with the DeviceClasses among `objects`."""
-    classes = dict(ctx.classes)
-    for item in objects:
-        if item.obj.get("kind") == "DeviceClass" and _is_v1(item.obj):
-            classes[str((item.obj.get("metadata") or {}).get("name", ""))] = item.obj
-    ctx.classes = classes
+    given = by_name(o.obj for o in objects if o.obj.get("kind") == "DeviceClass" and _is_v1(o.obj))
+    ctx.classes = {**ctx.classes, **given}
     return [_check_one(item, ctx) for item in objects]
 
 
@@ -83,7 +76,7 @@ def _is_v1(obj: Obj) -> bool:
 def _check_one(item: SourcedObject, ctx: CheckContext) -> ObjectResult:
     obj = item.obj
     kind = str(obj.get("kind", ""))
-    name = object_name(obj)
+    name = display_name(obj)
     if "_not_an_object" in obj:
         return ObjectResult(item.source, "", "", (error("", "this document is not a Kubernetes object (a mapping)"),))
     if kind not in CHECKED_KINDS:
@@ -99,11 +92,7 @@ def _check_one(item: SourcedObject, ctx: CheckContext) -> ObjectResult:
             item.source, kind, name, report.findings, matches=(("class", report.match),),
             targets_tessera=report.targets_tessera,
         )
-    spec = obj.get("spec")
-    path = "spec"
-    if kind == "ResourceClaimTemplate":
-        spec = spec.get("spec") if isinstance(spec, dict) else None
-        path = "spec.spec"
+    spec, path = claim_spec(obj, kind)
     if not isinstance(spec, dict):
         return ObjectResult(item.source, kind, name, (error(path, "must be an object (a ResourceClaimSpec)"),))
     rewrite = rewrite_claim_spec(spec, path, ctx.targets_tessera)

@@ -29,7 +29,7 @@ from driver.errors import InvalidInputError
 from driver.mig import MigProfile, layout_for
 from driver.model import Gpu, Inventory, MigInstance
 from driver.names import base_request, mig_profile_token
-from driver.quantity import quantity_bytes
+from driver.quantity import format_bytes, quantity_bytes
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)\Z")
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([0-9a-z]+)-(\d+)\Z")
@@ -167,10 +167,6 @@ class ClaimPlan:
     @property
     def where(self) -> str:
         return f"ResourceClaim {self.namespace}/{self.name}"
-
-
-def _gib(n: int) -> str:
-    return f"{n / 1024**3:.4g}Gi"
 
 
 def resolve_device(inventory: Inventory, name: str) -> DeviceTarget:
@@ -378,7 +374,7 @@ def _consumed_memory(result: dict[str, Any], target: DeviceTarget, device: str, 
     if amount > target.memory_bytes:
         raise AllocationError(
             f"{path}.consumedCapacity.memory: {consumed['memory']} is more than device {device} has "
-            f"({_gib(target.memory_bytes)}); the ResourceSlice is out of date"
+            f"({format_bytes(target.memory_bytes, approximate=True)}); the ResourceSlice is out of date"
         )
     return amount
 

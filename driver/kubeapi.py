@@ -1,14 +1,22 @@
-"""The narrow slice of the Kubernetes API tessera uses, as plain dicts.
+"""tessera's one Kubernetes client: the narrow slice of the API it uses, as plain dicts.
 
 Objects are handled as the JSON the apiserver speaks (camelCase dicts), not as generated client
 models: the DRA types change every release and a model that drops an unknown field would make
-tessera silently lose data (e.g. `consumedCapacity`). Tests replace `KubeAPI` with an in-memory fake.
+tessera silently lose data (e.g. `consumedCapacity`, or a pod's `extendedResourceClaimStatus`). Tests
+replace `KubeAPI` with an in-memory fake.
+
+Every command finds its cluster the way kubectl does, through the `kubernetes` package's loaders:
+`--kubeconfig`, else $KUBECONFIG (a `:`-separated list is merged), else ~/.kube/config, else the
+in-cluster service account (the node agent and the controller in their pods).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from driver.errors import TesseraError
@@ -17,6 +25,53 @@ Obj = dict[str, Any]
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+# DeviceTaintRule is served by the first of these that the cluster has switched on: v1 from Kubernetes 1.37,
+# v1beta2 and v1alpha3 in 1.36 (both off by default)
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+IN_CLUSTER = "the in-cluster service account (no kubeconfig found)"
+
+
+class KubeConfigError(TesseraError):
+    """The client configuration cannot be loaded; the message says from where."""
+
+
+def kubeconfig_path(flag: str | None) -> str | None:
+    """The kubeconfig kubectl would use; None when there is none (then the in-cluster config is tried)."""
+    if flag:
+        return flag
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.exists() else None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """A loaded configuration: the API client, the current context's namespace, and where it came from."""
+
+    client: Any  # kubernetes.client.ApiClient
+    namespace: str
+    source: str
+
+
+def load_client(kubeconfig: str | None = None) -> ClientConfig:
+    """The client kubectl would build for `kubeconfig` (see the module's docstring); KubeConfigError if it
+    cannot be loaded."""
+    from kubernetes import client, config
+
+    path = kubeconfig_path(kubeconfig)
+    try:
+        if path:
+            api_client = config.new_client_from_config(config_file=path)
+            _, active = config.list_kube_config_contexts(config_file=path)
+            namespace = str(((active or {}).get("context") or {}).get("namespace") or "default")
+            return ClientConfig(api_client, namespace, path)
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return ClientConfig(client.ApiClient(configuration), "default", IN_CLUSTER)
+    except Exception as exc:  # the loaders raise ConfigException, OSError, yaml and key errors alike
+        raise KubeConfigError(f"cannot load the cluster configuration from {path or IN_CLUSTER}: {exc}") from exc
 
 
 class ApiError(TesseraError):
@@ -70,22 +125,18 @@ def _translate(exc: Exception) -> ApiError:
 
 
 class RealKubeAPI:
-    """`KubeAPI` over the official client, talking JSON dicts through CustomObjectsApi."""
+    """`KubeAPI` over the official client, talking JSON dicts. Raises KubeConfigError when no configuration
+    can be loaded, ApiError for any failed call."""
 
     def __init__(self, kubeconfig: str | None = None, request_timeout: float = 10.0) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if kubeconfig:
-            api_client = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
-        self._client = api_client
-        self._custom = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        loaded = load_client(kubeconfig)
+        self.namespace = loaded.namespace  # the current context's, for commands run without -n
+        self.source = loaded.source
+        self._client = loaded.client
+        self._custom = client.CustomObjectsApi(loaded.client)
+        self._core = client.CoreV1Api(loaded.client)
         self._timeout = request_timeout
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -94,10 +145,17 @@ class RealKubeAPI:
         except Exception as exc:  # the client raises urllib3 and ApiException alike
             raise _translate(exc) from exc
 
-    def get_node(self, name: str) -> Obj:
-        node = self._call(self._core.read_node, name)
-        result: Obj = self._client.sanitize_for_serialization(node)
+    def _json(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
+        """A core API call's answer as the apiserver's JSON (the generated models would drop newer fields)."""
+        response = self._call(fn, *args, _preload_content=False, **kwargs)
+        try:
+            result: Obj = json.loads(response.data)
+        except ValueError as exc:
+            raise ApiError(0, "BadResponse", f"the apiserver's answer is not JSON: {exc}") from exc
         return result
+
+    def get_node(self, name: str) -> Obj:
+        return self._json(self._core.read_node, name)
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj:
         result: Obj = self._call(
@@ -170,6 +228,38 @@ class RealKubeAPI:
 
     def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
         return self._watch_cluster("resourceclaims", resource_version, timeout_seconds)
+
+    # -- what `tessera explain`, `status` and `check` read ----------------------------------------------
+    def list_resource_claim_templates(self, namespace: str) -> Obj:
+        result: Obj = self._call(self._custom.list_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION,
+                                 namespace, "resourceclaimtemplates")
+        return result
+
+    def list_pods(self, namespace: str | None = None) -> Obj:
+        """Pods of one namespace, or of all."""
+        if namespace:
+            return self._json(self._core.list_namespaced_pod, namespace)
+        return self._json(self._core.list_pod_for_all_namespaces)
+
+    def list_nodes(self) -> Obj:
+        return self._json(self._core.list_node)
+
+    def list_events(self, namespace: str, field_selector: str = "") -> Obj:
+        return self._json(self._core.list_namespaced_event, namespace, field_selector=field_selector or None)
+
+    def list_device_taint_rules(self) -> Obj | None:
+        """DeviceTaintRules from the first version the cluster serves (TAINT_RULE_VERSIONS); None when it
+        serves none (the DRADeviceTaintRules gate and its API are off, as by default in 1.36)."""
+        for version in TAINT_RULE_VERSIONS:
+            try:
+                result: Obj = self._call(self._custom.list_cluster_custom_object, RESOURCE_GROUP, version,
+                                         "devicetaintrules")
+            except ApiError as exc:
+                if exc.not_found:
+                    continue
+                raise
+            return result
+        return None
 
     def _watch_cluster(self, plural: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
         from kubernetes import watch

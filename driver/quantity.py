@@ -447,6 +447,62 @@ def quantity_bytes_or_none(value: object, *, whole: bool = False) -> int | None:
         return None
 
 
+def canonical_quantity(value: int, *, binary: bool = False) -> str:
+    """`value` written the way the apiserver writes it back, so a stored slice compares equal to ours.
+
+    The apiserver re-serialises every quantity in canonical form ("1000" comes back as "1k"); publishing
+    anything else would make each comparison with the stored object report a change. `binary` picks
+    the power-of-1024 suffixes (bytes: "80Gi", "9856Mi").
+    """
+    if value < 0:
+        raise ValueError(f"quantities tessera publishes are never negative, got {value}")
+    if value == 0:
+        return "0"
+    # A bare number is read back as a decimal quantity, so only a value that takes a binary suffix stays binary.
+    if binary and value % 1024 == 0:
+        exponent = 0
+        while value % 1024 == 0 and exponent < max(_BIN_EXPONENT_TO_SUFFIX):
+            value //= 1024
+            exponent += 10
+        return f"{value}{_BIN_EXPONENT_TO_SUFFIX.get(exponent, '')}"
+    exponent = 0
+    while value % 10 == 0:
+        value //= 10
+        exponent += 1
+    value *= 10 ** (exponent % 3)
+    exponent -= exponent % 3
+    if exponent > _DEC_SUFFIXES["E"]:
+        value *= 10 ** (exponent - _DEC_SUFFIXES["E"])
+        exponent = _DEC_SUFFIXES["E"]
+    return f"{value}{_DEC_EXPONENT_TO_SUFFIX[exponent]}"
+
+
+def format_bytes(value: int | Fraction, *, approximate: bool = False) -> str:
+    """An amount of bytes for people; tessera's one formatter for them.
+
+    Exact (the default) is the shortest quantity that parses back to the same value, so a message can
+    offer it as the fix to write: `40Gi`, `9856Mi`, `132` (a fraction of a byte, which only a request
+    policy's rounding makes, as a decimal). Approximate is for tables and sizes: whole GiB as `40Gi`,
+    other amounts from 1 GiB on with one decimal (`79.6Gi`), below it in MiB (`512Mi`).
+    """
+    gib, mib = 1 << 30, 1 << 20
+    if approximate:
+        if value % gib == 0:
+            return f"{value // gib}Gi"
+        if abs(float(value)) >= gib:
+            return f"{float(value) / gib:.1f}Gi"
+        return f"{int(value / mib)}Mi"
+    if isinstance(value, Fraction):
+        if value.denominator != 1:
+            return f"{float(value):g}"
+        value = value.numerator
+    if value and value % gib == 0:
+        return f"{value // gib}Gi"
+    if value and value % mib == 0:
+        return f"{value // mib}Mi"
+    return str(value)
+
+
 def _go_rem(a: int, b: int) -> int:
     """Go's % (truncated toward zero)."""
     r = abs(a) % abs(b)

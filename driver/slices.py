@@ -36,6 +36,7 @@ from driver.names import (
     slice_labels,
 )
 from driver.poolvalidation import validate_pool
+from driver.quantity import canonical_quantity
 from driver.validation import (
     MAX_COUNTER_SETS,
     MAX_DEVICES,
@@ -50,8 +51,6 @@ MIG_STRATEGIES = ("none", "static", "dynamic")
 
 Obj = dict[str, Any]
 
-_DECIMAL_SUFFIXES = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
-_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 class SliceBuildError(InvalidInputError):
@@ -61,36 +60,6 @@ class SliceBuildError(InvalidInputError):
         detail = "".join(f"\n  {e}" for e in errors)
         super().__init__(message + detail)
         self.errors = tuple(errors)
-
-
-def canonical_quantity(value: int, *, binary: bool = False) -> str:
-    """`value` written the way the apiserver writes it back, so a stored slice compares equal to ours.
-
-    The apiserver re-serialises every quantity in canonical form ("1000" comes back as "1k"); publishing
-    anything else would make each comparison with the stored object report a change. `binary` picks
-    the power-of-1024 suffixes (bytes: "80Gi", "9856Mi").
-    """
-    if value < 0:
-        raise ValueError(f"quantities tessera publishes are never negative, got {value}")
-    if value == 0:
-        return "0"
-    # A bare number is read back as a decimal quantity, so only a value that takes a binary suffix stays binary.
-    if binary and value % 1024 == 0:
-        exponent = 0
-        while value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
-            value //= 1024
-            exponent += 1
-        return f"{value}{_BINARY_SUFFIXES[exponent]}"
-    exponent = 0
-    while value % 10 == 0:
-        value //= 10
-        exponent += 1
-    value *= 10 ** (exponent % 3)
-    exponent -= exponent % 3
-    if exponent > 18:
-        value *= 10 ** (exponent - 18)
-        exponent = 18
-    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
 
 
 @dataclass

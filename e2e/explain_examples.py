@@ -7,13 +7,16 @@ the examples in docs/operations.md and the README tour.
     .venv/bin/python -m e2e.explain_examples clean   # removes what `run` added
 
 Besides its own namespace, `run` adds the DeviceClass t4.gpu.tessera.dev and a node `demo-spare` whose one
-GPU carries a NoSchedule taint in its ResourceSlice; `clean` removes them.
+GPU carries a NoSchedule taint in its ResourceSlice; `clean` removes them. The last example, `stale`, is a
+claim allocated (by hand, as a scheduler reading an out-of-date slice would) a device demo-a100 does not
+have: kubelet's prepare keeps failing, and explain quotes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,8 +26,9 @@ import yaml
 
 from e2e.cluster import DRIVER, create_fake_node
 from e2e.kube import Kube, Obj
-from e2e.processes import REPO
+from e2e.processes import REPO, wait_for
 from e2e.workloads import (
+    claim,
     claim_spec,
     claim_template,
     delete_pods,
@@ -77,6 +81,32 @@ def _taint_spare(kube: Kube) -> None:
                          "pool": {"name": SPARE, "generation": 0, "resourceSliceCount": 1}}})
 
 
+def allocate_by_hand(kube: Kube, name: str, namespace: str, node: str, device: str) -> None:
+    """Write claim `name`'s status.allocation as the scheduler would for `device` of `node`'s pool, whether the
+    node has it or not (allocationTimestamp included: the scheduler's PreBind adds it to an allocation without
+    one, and the apiserver refuses that change)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.patch_status("ResourceClaim", name, {"status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}, "allocationTimestamp": now}}},
+        namespace)
+
+
+def prepare_events(kube: Kube, namespace: str, pod_name: str) -> list[Obj]:
+    """kubelet's FailedPrepareDynamicResources events about the pod."""
+    return [e for e in kube.list("Event", namespace)
+            if e["involvedObject"].get("name") == pod_name and e.get("reason") == "FailedPrepareDynamicResources"]
+
+
+def _stale(kube: Kube, kubeconfig: Path) -> None:
+    kube.apply(claim("stale", NS, claim_spec(request())))
+    allocate_by_hand(kube, "stale", NS, "demo-a100", "gpu-9")
+    kube.apply(pod("stale", NS, claim_name="stale", node="demo-a100"))
+    wait_for(lambda: prepare_events(kube, NS, "stale"), timeout=120, what="kubelet's prepare to fail")
+    _explain(kubeconfig, "stale")
+
+
 def run(kubeconfig: Path) -> None:
     kube = _kube(kubeconfig)
     ensure_namespace(kube, NS)
@@ -114,6 +144,7 @@ def run(kubeconfig: Path) -> None:
     _taint_spare(kube)
     _pod(kube, "on-spare", claim_spec(request()), SPARE)
     _explain(kubeconfig, "on-spare")
+    _stale(kube, kubeconfig)
 
 
 def clean(kubeconfig: Path) -> None:
@@ -122,6 +153,7 @@ def clean(kubeconfig: Path) -> None:
         delete_pods(kube, NS)
         for template in kube.list("ResourceClaimTemplate", NS):
             kube.delete("ResourceClaimTemplate", template["metadata"]["name"], NS)
+        kube.delete("ResourceClaim", "stale", NS)
     kube.delete("ResourceSlice", f"{SPARE}-gpus")
     kube.delete("Node", SPARE)
     kube.delete("DeviceClass", T4_CLASS)

@@ -20,9 +20,13 @@ from typing import Any
 import pytest
 
 from e2e.cluster import DRIVER, Cluster, create_fake_node
+from e2e.explain_examples import allocate_by_hand, prepare_events
 from e2e.kube import Kube, Obj
+from e2e.node.realnode import RealNode
 from e2e.processes import REPO, wait_for
+from e2e.realpods import probe_pod
 from e2e.workloads import (
+    claim,
     claim_spec,
     claim_template,
     consumed_memory,
@@ -246,6 +250,50 @@ def test_a_pod_pending_for_another_reason_is_told_tesseras_part_is_fine(cluster:
     assert "tessera's part is fine" in doc["verdict"]["reason"]
     assert "Insufficient cpu" in doc["schedulerMessage"]
     assert_oracle_agrees(cluster, kube, namespace, "cpu-hungry", doc, gpu_nodes(cluster))
+
+
+def test_extended_resources_no_node_can_give_are_explained_from_the_claim_the_scheduler_would_make(
+        cluster: Cluster, kube: Kube, namespace: str) -> None:
+    asking = pod("nine-gpus", namespace, template="unused")
+    asking["spec"].pop("resourceClaims")
+    asking["spec"]["containers"][0]["resources"] = {"limits": {f"{DRIVER}/gpu": "9"}}
+    kube.create(asking)
+    wait_unschedulable(kube, namespace, "nine-gpus")
+    rc, doc = explain(cluster, namespace, "pod/nine-gpus")
+    assert rc == 1 and doc["verdict"]["step"] == "count"
+    [report] = doc["claims"]
+    assert report["claim"] == f"{namespace}/nine-gpus-extended-resources" and not report["allocated"]
+    assert f"{DRIVER}/gpu: 9 (container cuda)" in report["origin"]
+    [req] = report["requests"]
+    assert (req["name"], req["deviceClassName"], req["count"]) == ("container-0-request-0", DRIVER, 9)
+
+
+def test_a_prepare_that_keeps_failing_on_a_real_node_is_explained_with_kubelets_message(
+        cluster: Cluster, kube: Kube, namespace: str, real_a100: RealNode) -> None:
+    """A claim allocated a device the node does not have (a ResourceSlice that was out of date when the scheduler
+    read it): the pod is bound and its claim allocated, so the scheduler is done, and real kubelet's prepare
+    keeps failing with tessera's message. explain quotes kubelet and says what to do."""
+    node = real_a100.name
+    kube.create(claim("stale", namespace, claim_spec(request())))
+    allocate_by_hand(kube, "stale", namespace, node, "gpu-9")
+    kube.create(probe_pod("stale", namespace, node, claims={"gpu": "stale"}))
+    wait_for(lambda: prepare_events(kube, namespace, "stale"), timeout=120,
+             what="kubelet's FailedPrepareDynamicResources event for the pod")
+    rc, doc = explain(cluster, namespace, "pod/stale")
+    assert rc == 1, doc
+    verdict, prepare = doc["verdict"], doc["prepare"]
+    assert verdict["step"] == "prepare" and verdict["nodes"] == [node]
+    messages = {e["message"] for e in prepare_events(kube, namespace, "stale")}
+    assert prepare["message"] in messages  # kubelet's own words, as the event carries them
+    assert prepare["node"] == node and prepare["claim"] == f"{namespace}/stale"
+    assert "gpu-9" in prepare["agentError"] and prepare["agentError"] in verdict["reason"]
+    assert node in verdict["fix"]  # which fix depends on the node agent's wording: tests/controller/explain pin it
+    rc, out, _ = tessera(cluster, "explain", "pod/stale", "-n", namespace)
+    print(out)  # the example in docs/operations.md
+    assert rc == 1
+    assert f"  kubelet on {node} (" in out and "Failed to prepare dynamic resources" in out
+    assert f"Why: every claim is allocated, but kubelet on {node} cannot prepare claim {namespace}/stale" in out
+    assert "tessera's part is done" not in out
 
 
 # -- status --------------------------------------------------------------------------------------------

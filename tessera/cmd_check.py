@@ -101,18 +101,16 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
 
 
 def _load_cluster(ctx: Any, kubeconfig: str) -> None:
-    from controller.checks.findings import DRIVER
     from controller.cluster.inventory import DeviceIndex
-    from driver.kubeapi import ApiError, RealKubeAPI
+    from controller.cluster.objects import by_name
+    from tessera import clusterread as read
 
     try:
-        api = RealKubeAPI(kubeconfig)
-        slices = api.list_resource_slices(field_selector=f"spec.driver={DRIVER}").get("items") or []
-        classes = api.list_device_classes().get("items") or []
-    except ApiError as exc:
-        raise InvalidInputError(f"cannot read from the cluster: {exc}") from exc
-    except Exception as exc:  # kubeconfig parse errors come as several exception types
-        raise InvalidInputError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+        api = read.connect(kubeconfig)
+        slices = read.resource_slices(api)
+        classes = read.device_classes(api)
+    except read.ReadError as exc:
+        raise InvalidInputError(str(exc)) from exc
     ctx.inventory = DeviceIndex.from_slices(slices)
-    ctx.classes = {str((c.get("metadata") or {}).get("name")): c for c in classes}
+    ctx.classes = by_name(classes)
     ctx.classes_complete = True

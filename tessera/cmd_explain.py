@@ -1,9 +1,13 @@
-"""`tessera explain POD|pod/NAME|resourceclaim/NAME [-n NS]`: why a pod's claims are not allocated.
+"""`tessera explain POD|pod/NAME|resourceclaim/NAME [-n NS]`: why a pod's claims are not allocated, or,
+once they are, why kubelet cannot prepare them.
 
-For each claim and request: how many devices pass each step (driver, DeviceClass, selectors, capacity,
-allocation, taints, counters, constraints), and at the first step that leaves nothing, the reason and
-a fix. Exit status 0 when tessera's part is fine (allocated, or could be now), 1 when a claim cannot be
-allocated, 2 when the cluster cannot be read or the pod/claim does not exist.
+For each claim and request (the claim the scheduler makes for extended resources included): how many
+devices pass each step (driver, DeviceClass, selectors, capacity, allocation, taints, counters,
+constraints), and at the first step that leaves nothing, the reason and a fix; for a bound pod whose
+claims are allocated, kubelet's FailedPrepareDynamicResources message and tessera's fix. The search has
+one budget (--search-budget); an answer it cut short says so. Exit status 0 when tessera's part is fine
+(allocated, or could be now), 1 when a claim cannot be allocated or prepared, 2 when the cluster cannot
+be read or the pod/claim does not exist.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a pod (the default kind) or a ResourceClaim")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--search-budget", type=_seconds, metavar="SECONDS",
+                        help="how long the scheduler's search may run in all (default 3); an answer the budget cut "
+                             "short says so")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text",
                         help="text for people, json for tools (exit status: 0 tessera's part is fine, 1 a claim "
                              "cannot be allocated now, 2 the cluster or the object cannot be read)")
@@ -41,38 +48,52 @@ def parse_target(text: str) -> tuple[str, str]:
                      f"not {kind!r}")
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     return explain(args.target, namespace=args.namespace, kubeconfig=args.kubeconfig, output=args.output,
-                   out=sys.stdout, err=sys.stderr)
+                   out=sys.stdout, err=sys.stderr, search_budget=args.search_budget)
 
 
 def explain(target: str, *, namespace: str | None, kubeconfig: str | None, output: str, out: TextIO,
-            err: TextIO) -> int:
-    from controller.explain.explain import ClusterView, NotFound, explain_claim, explain_pod
+            err: TextIO, search_budget: float | None = None) -> int:
+    from controller.cluster.objects import by_name
+    from controller.explain.explain import Budget, ClusterView, NotFound, explain_claim, explain_pod
     from controller.explain.render import render_json, render_text
-    from tessera.clusterread import ClusterReader, ReadError
+    from tessera import clusterread as read
 
+    budget = Budget() if search_budget is None else Budget(search_budget)
     try:
         kind, name = parse_target(target)
     except ValueError as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2
     try:
-        reader = ClusterReader(kubeconfig)
-        ns = namespace or reader.context_namespace
+        api = read.connect(kubeconfig)
+        ns = namespace or api.namespace
         view = ClusterView(
-            slices=reader.resource_slices(), classes=reader.device_classes(), claims=reader.resource_claims(),
-            pods=reader.pods(ns) or [], nodes=reader.nodes(), templates=reader.templates(ns),
+            slices=read.resource_slices(api), classes=by_name(read.device_classes(api)),
+            claims=read.resource_claims(api), pods=read.pods(api, ns) or [], nodes=read.nodes(api),
+            templates=read.templates(api, ns), events=read.prepare_events(api, ns, name) if kind != "resourceclaim"
+            else [], taint_rules=read.taint_rules(api) or [],
         )
-    except ReadError as exc:
+    except read.ReadError as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2
     try:
         if kind == "resourceclaim" or (not kind and view.find("pod", ns, name) is None
                                        and view.find("claim", ns, name) is not None):
-            explanation = explain_claim(view, ns, name)
+            explanation = explain_claim(view, ns, name, budget)
         else:
-            explanation = explain_pod(view, ns, name)
+            explanation = explain_pod(view, ns, name, budget)
     except NotFound as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2

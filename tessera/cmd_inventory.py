@@ -43,10 +43,6 @@ def named_slices(slices: list[dict[str, Any]], node: str) -> list[dict[str, Any]
     return named
 
 
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.1f} GiB"
-
-
 def _mig_state(gpu: Any) -> str:
     if not gpu.mig_capable:
         return "-"
@@ -58,6 +54,8 @@ def _mig_state(gpu: Any) -> str:
 
 def render_table(inventory: Any, slices: list[dict[str, Any]], out: TextIO) -> None:
     """A human view: one row per GPU with the devices published for it, then the slices."""
+    from driver.quantity import format_bytes
+
     devices_by_gpu: dict[int, list[str]] = {}
     device_total = 0
     counter_sets = 0
@@ -75,7 +73,8 @@ def render_table(inventory: Any, slices: list[dict[str, Any]], out: TextIO) -> N
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         names = devices_by_gpu.get(gpu.index, [])
         shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
-        rows.append((str(gpu.index), gpu.product_name, _gib(gpu.memory_bytes), gpu.nvlink_island,
+        memory = format_bytes(gpu.memory_bytes, approximate=True)
+        rows.append((str(gpu.index), gpu.product_name, memory, gpu.nvlink_island,
                      _mig_state(gpu), shown or "(not published)"))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:

@@ -27,13 +27,13 @@ def status(*, kubeconfig: str | None, output: str, svg: str | None, out: TextIO,
     from controller.explain.explain import ClusterView
     from controller.explain.status import cluster_status, status_json, status_table
     from controller.explain.svg import status_svg
-    from tessera.clusterread import ClusterReader, ReadError
+    from tessera import clusterread as read
 
     try:
-        reader = ClusterReader(kubeconfig)
-        view = ClusterView(slices=reader.resource_slices(), classes={}, claims=reader.resource_claims())
-        pods = reader.pods()
-    except ReadError as exc:
+        api = read.connect(kubeconfig)
+        view = ClusterView(slices=read.resource_slices(api), classes={}, claims=read.resource_claims(api))
+        pods = read.pods(api)
+    except read.ReadError as exc:
         print(f"tessera status: {exc}", file=err)
         return 2
     report = cluster_status(view, pods)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.findings import Finding, error
 from controller.checks.inputs import CheckContext
-from controller.checks.multicard import fmt_bytes
 from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.schema import REQUESTABLE_CAPACITIES, split_qualified
-from driver.quantity import Quantity
+from driver import DRIVER_NAME
+from driver.quantity import Quantity, format_bytes
 
 MiB = 1 << 20
 
@@ -46,7 +46,7 @@ def _key_problem(key: str, amount: Any, ctx: CheckContext) -> str | None:
     published = ctx.schema.capacities
     domain, name = split_qualified(key)
     if "/" in key:
-        if domain == DRIVER and name in published:
+        if domain == DRIVER_NAME and name in published:
             return (
                 f'"{key}" never matches: tessera publishes this capacity under the bare key "{name}" and '
                 "the scheduler compares capacity keys literally, so every device would be skipped and the "
@@ -78,12 +78,12 @@ def _amount_problem(amount: Any, ctx: CheckContext) -> str | int:
         return f"must be larger than zero, got {amount}"
     if value * 1000 != quantity.milli_value() or value % MiB:
         low, high = (value // MiB) * MiB, (value // MiB + 1) * MiB
-        options = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else fmt_bytes(high)
+        options = f"{format_bytes(low)} or {format_bytes(high)}" if low else format_bytes(high)
         return f"{amount} is not a whole number of MiB; tessera sets the GPU memory limit in MiB, use {options}"
     largest = ctx.inventory.largest_memory() if ctx.inventory is not None else None
     if largest is not None and value > largest[0]:
         return (
-            f"{amount} is more than the largest GPU in the cluster has ({fmt_bytes(largest[0])} on "
+            f"{amount} is more than the largest GPU in the cluster has ({format_bytes(largest[0])} on "
             f"{largest[1].describe()}), so no device can ever satisfy it"
         )
     return value

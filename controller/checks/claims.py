@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.checks.capacity import capacity_findings
+from controller.checks.claimspec import Request, RequestBody, request_names, requests
 from controller.checks.classes import class_conditions
 from controller.checks.configs import DecodedConfig, decode_configs, sharing_findings
 from controller.checks.findings import Finding, error, warning
 from controller.checks.inputs import CheckContext
 from controller.checks.multicard import pending_findings
 from controller.checks.ownership import class_targets_tessera
-from controller.checks.requests import request_bodies, request_names
 from controller.checks.selectors import (
     compile_selectors,
     guard_findings,
@@ -80,23 +80,19 @@ def check_claim_spec(spec: Obj, path: str, ctx: CheckContext, *, explain: str = 
     findings.extend(pending_findings(spec, path, ctx.targets_tessera))
 
     reports: list[RequestReport] = []
-    requests = devices.get("requests") or []
-    if not isinstance(requests, list):
-        findings.append(error(f"{path}.devices.requests", f"must be a list, got {type(requests).__name__}"))
-        requests = []
-    for i, request in enumerate(requests):
-        if not isinstance(request, dict):
-            continue
-        rpath = f"{path}.devices.requests[{i}]"
-        for ref, body, bpath in request_bodies(request, rpath):
-            class_name = str(body.get("deviceClassName", ""))
-            if ctx.targets_tessera(class_name):
-                findings.extend(sharing_findings(configs, ref, body, bpath, ctx.classes.get(class_name)))
-            report = _check_request(body, bpath, ref, ctx, findings, explain=explain)
+    listed = devices.get("requests") or []
+    if not isinstance(listed, list):
+        findings.append(error(f"{path}.devices.requests", f"must be a list, got {type(listed).__name__}"))
+    for request in requests(spec, path):
+        for body in request.bodies:
+            if ctx.targets_tessera(body.class_name):
+                findings.extend(sharing_findings(configs, body.ref, body.body, body.path,
+                                                 ctx.classes.get(body.class_name)))
+            report = _check_request(body, ctx, findings, explain=explain)
             if report:
                 reports.append(report)
         # after the bodies: when firstAvailable is not a list, `exactly` is the only body
-        findings.extend(_alternatives_shape(request, rpath))
+        findings.extend(_alternatives_shape(request))
     # a skipped selector is reported once, however many checks needed it
     return ClaimReport(tuple(dict.fromkeys(findings)), tuple(reports))
 
@@ -114,16 +110,15 @@ def _unknown_request_refs(configs: list[DecodedConfig], known: list[str], path: 
     ]
 
 
-def _alternatives_shape(request: Obj, path: str) -> list[Finding]:
-    alternatives = request.get("firstAvailable")
-    if alternatives is None or isinstance(alternatives, list):
-        return []
-    return [error(f"{path}.firstAvailable", f"must be a list of subrequests, got {type(alternatives).__name__}")]
+def _alternatives_shape(request: Request) -> list[Finding]:
+    got = request.malformed_alternatives
+    return [error(f"{request.path}.firstAvailable", f"must be a list of subrequests, got {got}")] if got else []
 
 
-def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings: list[Finding], *,
+def _check_request(request: RequestBody, ctx: CheckContext, findings: list[Finding], *,
                    explain: str = "") -> RequestReport | None:
-    class_name = str(body.get("deviceClassName", ""))
+    body, path, name = request.body, request.path, request.ref
+    class_name = request.class_name
     if not ctx.targets_tessera(class_name):
         near = _near_tessera_class(ctx, class_name)
         if near is not None:
@@ -168,9 +163,7 @@ def _check_request(body: Obj, path: str, name: str, ctx: CheckContext, findings:
     findings.extend(guard_findings(conditions, len(class_conds), ctx, used_by))
     capacity_errors, needs = capacity_findings(body.get("capacity"), path, ctx)
     findings.extend(capacity_errors)
-    mode = body.get("allocationMode", "ExactCount")
-    count = body.get("count", 1) if mode != "All" else 0
-    count = count if isinstance(count, int) else 1
+    count = request.count
 
     result = None
     own_errors = [f for f in findings[before:] if f.severity == "error"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.checks.findings import DRIVER, Finding, error
+from controller.checks.findings import Finding, error
+from driver import DRIVER_NAME
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def decode_configs(configs: Any, path: str, *, in_class: bool) -> tuple[list[Fin
         return [error(path, "must be a list of {opaque: {driver, parameters}} entries")], decoded
     for i, entry in enumerate(configs):
         opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
             continue
         params_path = f"{path}[{i}].opaque.parameters"
         try:
@@ -78,7 +79,7 @@ def sharing_findings(configs: list[DecodedConfig], request: str, body: Any, path
     class_configs = []
     for entry in _list(_obj(_obj(device_class).get("spec")).get("config")):
         opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER:
+        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER_NAME:
             try:
                 class_configs.append(decode_gpu_config(opaque.get("parameters"), "class config"))
             except ConfigError:

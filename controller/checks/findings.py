@@ -5,12 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from driver import DRIVER_NAME
-
 Severity = Literal["error", "warning"]
 
-DRIVER = DRIVER_NAME
-STANDARD_DOMAIN = "resource.kubernetes.io"
 DOCS_ATTRIBUTES = "docs/attributes.md"
 
 

@@ -52,19 +52,20 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.checks.claimspec import RequestBody, request_path, requests
 from controller.checks.configs import DecodedConfig, decode_configs
-from controller.checks.findings import DRIVER, Finding, error
-from controller.checks.requests import request_bodies
-from driver.quantity import quantity_bytes_or_none
+from controller.checks.findings import Finding, error
+from driver import DRIVER_NAME
+from driver.quantity import format_bytes, quantity_bytes_or_none
 
 GiB = 1 << 30
-ANNOTATION = f"{DRIVER}/multi-card"
-UUID_ATTRIBUTE = f"{DRIVER}/uuid"
-ISLAND_ATTRIBUTE = f"{DRIVER}/nvlinkIsland"
+ANNOTATION = f"{DRIVER_NAME}/multi-card"
+UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
+ISLAND_ATTRIBUTE = f"{DRIVER_NAME}/nvlinkIsland"
 MAX_CONSTRAINTS = 32  # spec.devices.constraints, as the apiserver validates it
 
 Obj = dict[str, Any]
@@ -123,14 +124,6 @@ class RewriteResult:
         )
 
 
-def fmt_bytes(n: int) -> str:
-    if n % GiB == 0:
-        return f"{n // GiB}Gi"
-    if n % (1 << 20) == 0:
-        return f"{n >> 20}Mi"
-    return str(n)
-
-
 def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bool]) -> RewriteResult:
     """Apply the multi-card rewrite to a ResourceClaimSpec found at `path` ("spec" or "spec.spec").
 
@@ -147,14 +140,12 @@ def rewrite_claim_spec(spec: Obj, path: str, targets_tessera: Callable[[str], bo
 
     findings: list[Finding] = []
     rewrites: list[Rewrite] = []
-    for i, request in enumerate(devices["requests"]):
-        if not isinstance(request, dict):
-            continue
+    for request in requests(out, path):
         # the bodies are edited in place, inside the copy `out`
-        for ref, body, bpath in request_bodies(request, f"{path}.devices.requests[{i}]"):
-            if not targets_tessera(str(body.get("deviceClassName", ""))):
+        for body in request.bodies:
+            if not targets_tessera(body.class_name):
                 continue
-            result = _rewrite_body(ref, body, bpath, configs)
+            result = _rewrite_body(body, configs)
             if isinstance(result, Finding):
                 findings.append(result)
             elif result is not None:
@@ -188,18 +179,17 @@ def _effective(configs: list[DecodedConfig], name: str) -> tuple[DecodedConfig |
     return total, island
 
 
-def _rewrite_body(ref: str, body: Obj, path: str, configs: list[DecodedConfig]) -> Rewrite | Finding | None:
+def _rewrite_body(request: RequestBody, configs: list[DecodedConfig]) -> Rewrite | Finding | None:
     """Rewrite one tessera request body in place; None when its configs ask for nothing to rewrite."""
-    total_cfg, same_island = _effective(configs, ref)
+    total_cfg, same_island = _effective(configs, request.ref)
     if total_cfg is None:
-        if same_island and _multi(body):
-            cards = 0 if body.get("allocationMode") == "All" else _count(body)
-            return Rewrite(ref, cards, "", True)
+        if same_island and (request.mode == "All" or request.count >= 2):
+            return Rewrite(request.ref, request.count, "", True)
         return None
-    result = _share(ref, body, path, total_cfg, same_island=same_island)
+    result = _share(request, total_cfg, same_island=same_island)
     if isinstance(result, Rewrite):
-        body["count"] = result.cards
-        body["capacity"] = {"requests": {"memory": result.per_card}}
+        request.body["count"] = result.cards
+        request.body["capacity"] = {"requests": {"memory": result.per_card}}
     return result
 
 
@@ -222,20 +212,12 @@ def _add_constraints(devices: Obj, path: str, rewrites: list[Rewrite]) -> Findin
     return None
 
 
-def _count(body: Mapping[str, Any]) -> int:
-    count = body.get("count", 1)
-    return count if isinstance(count, int) else 1
-
-
-def _multi(body: Mapping[str, Any]) -> bool:
-    return body.get("allocationMode") == "All" or _count(body) >= 2
-
-
-def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: bool) -> Rewrite | Finding:
-    """Check that `body` can carry sharing.totalMemory and say how: N/M per card on M cards."""
+def _share(request: RequestBody, cfg: DecodedConfig, *, same_island: bool) -> Rewrite | Finding:
+    """Check that the request can carry sharing.totalMemory and say how: N/M per card on M cards."""
+    name, body, path = request.ref, request.body, request.path
     total_text = str(cfg.config.sharing.total_memory)
     total_path = f"{cfg.path}.sharing.totalMemory"
-    if body.get("allocationMode") == "All":
+    if request.mode == "All":
         return error(
             f"{path}.allocationMode",
             f'request "{name}" uses allocationMode All, but sharing.totalMemory ({total_path}) spreads memory '
@@ -263,13 +245,13 @@ def _share(name: str, body: Obj, path: str, cfg: DecodedConfig, *, same_island: 
     if total % (cards * GiB) != 0:
         unit = cards * GiB
         low, high = (total // unit) * unit, (total // unit + 1) * unit
-        nearest = f"{fmt_bytes(low)} or {fmt_bytes(high)}" if low else f"{fmt_bytes(high)} (the smallest)"
+        nearest = f"{format_bytes(low)} or {format_bytes(high)}" if low else f"{format_bytes(high)} (the smallest)"
         return error(
             total_path,
             f"{total_text} across {cards} cards is not a whole number of GiB per card; nearest valid "
             f"totals: {nearest}",
         )
-    return Rewrite(name, cards, fmt_bytes(total // cards), same_island and cards > 1, total_text)
+    return Rewrite(name, cards, format_bytes(total // cards), same_island and cards > 1, total_text)
 
 
 def _stripped(entry: Any) -> Any:
@@ -277,7 +259,7 @@ def _stripped(entry: Any) -> Any:
     if not isinstance(entry, dict):
         return entry
     opaque = entry.get("opaque")
-    if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+    if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
         return entry
     params = opaque.get("parameters")
     sharing = params.get("sharing") if isinstance(params, dict) else None
@@ -299,7 +281,7 @@ def pending_findings(spec: Obj, path: str, targets_tessera: Callable[[str], bool
     for r in result.rewrites:
         findings.append(
             error(
-                _request_path(spec, path, r.request),
+                request_path(spec, path, r.request),
                 f"needs tessera's mutating webhook (/mutate-resourceclaim) to rewrite it ({r.describe()}), and that "
                 "did not happen, so the scheduler would ignore sharing.totalMemory/sameNVLinkIsland; install the "
                 "MutatingWebhookConfiguration of the tessera chart, or write capacity.requests.memory per card "
@@ -307,18 +289,3 @@ def pending_findings(spec: Obj, path: str, targets_tessera: Callable[[str], bool
             )
         )
     return findings
-
-
-def _request_path(spec: Obj, path: str, ref: str) -> str:
-    name, _, sub = ref.partition("/")
-    devices = spec.get("devices")
-    requests = devices.get("requests") if isinstance(devices, dict) else None
-    for i, request in enumerate(requests if isinstance(requests, list) else []):
-        if isinstance(request, dict) and request.get("name") == name:
-            if not sub:
-                return f"{path}.devices.requests[{i}]"
-            alternatives = request.get("firstAvailable")
-            for j, s in enumerate(alternatives if isinstance(alternatives, list) else []):
-                if isinstance(s, dict) and s.get("name") == sub:
-                    return f"{path}.devices.requests[{i}].firstAvailable[{j}]"
-    return f"{path}.devices.requests"

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.checks.findings import DRIVER
+from driver import DRIVER_NAME
 
 Obj = dict[str, Any]
 
 
 def is_our_class_name(name: str) -> bool:
     """tessera's own classes are named `gpu.tessera.dev` or `<something>.gpu.tessera.dev`."""
-    return name == DRIVER or name.endswith("." + DRIVER)
+    return name == DRIVER_NAME or name.endswith("." + DRIVER_NAME)
 
 
 def class_targets_tessera(obj: Obj) -> bool:
@@ -28,10 +28,10 @@ def class_targets_tessera(obj: Obj) -> bool:
     for selector in selectors if isinstance(selectors, list) else ():
         cel = selector.get("cel") if isinstance(selector, dict) else None
         expression = cel.get("expression") if isinstance(cel, dict) else None
-        if isinstance(expression, str) and DRIVER in expression:
+        if isinstance(expression, str) and DRIVER_NAME in expression:
             return True
     for config in configs if isinstance(configs, list) else ():
         opaque = config.get("opaque") if isinstance(config, dict) else None
-        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER:
+        if isinstance(opaque, dict) and opaque.get("driver") == DRIVER_NAME:
             return True
     return False

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller.checks.findings import DOCS_ATTRIBUTES, DRIVER, Finding, error, warning
+from controller.checks.findings import DOCS_ATTRIBUTES, Finding, error, warning
 from controller.checks.inputs import CheckContext
 from controller.cluster.devicegroups import shapes
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult
+from driver import DRIVER_NAME
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
@@ -64,7 +65,7 @@ def schema_findings(condition: Condition, ctx: CheckContext) -> list[Finding]:
             continue
         seen.add(key)
         where = f'device.{"attributes" if read.kind == "attribute" else "capacity"}["{read.domain}"]'
-        if read.domain not in schema.domains and read.domain != DRIVER:
+        if read.domain not in schema.domains and read.domain != DRIVER_NAME:
             hint = schema.suggest_domain(read.domain)
             if hint is not None:
                 findings.append(
@@ -77,7 +78,7 @@ def schema_findings(condition: Condition, ctx: CheckContext) -> list[Finding]:
                 )
             continue
         if read.kind == "capacity":
-            if read.domain == DRIVER and read.name not in schema.capacities:
+            if read.domain == DRIVER_NAME and read.name not in schema.capacities:
                 hint = schema.suggest_capacity(read.name)
                 findings.append(error(condition.path, _unknown(where, read.name, read.column, hint, "capacity")))
             continue
@@ -156,7 +157,7 @@ def _samples(ctx: CheckContext, conditions: Sequence[Condition], device_types: s
     out: list[InventoryDevice] = []
     for index in (ctx.inventory, ctx.samples):
         if index is not None:
-            groups = shapes(index, expressions, extra_reads=[("attribute", DRIVER, "type")])
+            groups = shapes(index, expressions, extra_reads=[("attribute", DRIVER_NAME, "type")])
             out.extend(s.device for s in groups if s.device.device_type in device_types)
     return out
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.checks.findings import DRIVER, Finding, warning
+from controller.checks.findings import Finding, warning
 from controller.checks.inputs import CheckContext
 from controller.cluster.taints import fmt_taint, untolerated_taint
+from driver import DRIVER_NAME
 
-HEALTH_PREFIX = f"{DRIVER}/"
+HEALTH_PREFIX = f"{DRIVER_NAME}/"
 GPU_LOST = f"{HEALTH_PREFIX}gpu-lost"
 _SHOWN = 3
 

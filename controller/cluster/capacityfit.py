@@ -22,7 +22,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from driver.quantity import Quantity
+from driver.quantity import Quantity, format_bytes
 
 if TYPE_CHECKING:
     from controller.cluster.inventory import InventoryDevice
@@ -64,18 +64,6 @@ def _parse(text: str) -> Fraction | None:
         return Quantity.parse(text).fraction()
     except ValueError:
         return None
-
-
-def fmt_amount(value: Fraction) -> str:
-    """`40Gi`, `9856Mi`, `132`: the shortest exact way to write an amount."""
-    if value.denominator == 1:
-        n = value.numerator
-        if n and n % GiB == 0:
-            return f"{n // GiB}Gi"
-        if n and n % MiB == 0:
-            return f"{n // MiB}Mi"
-        return str(n)
-    return f"{float(value):g}"
 
 
 def _round_up(asked: Fraction, policy: Mapping[str, Any]) -> Fraction:
@@ -149,47 +137,75 @@ def consumption(device: InventoryDevice, needs: Iterable[CapacityNeed]) -> dict[
     return out
 
 
+@dataclass(frozen=True)
+class _Miss:
+    key: str
+    kind: MissKind
+    amount: Fraction = Fraction(0)  # what the request would consume
+    used: Fraction = Fraction(0)
+    value: Fraction = Fraction(0)
+    rule: str = ""  # the policy rule broken, for kind "policy"
+
+
+def _first_miss(device: InventoryDevice, needs: tuple[CapacityNeed, ...],
+                in_use: Mapping[str, Fraction]) -> _Miss | None:
+    for need in needs:
+        if device.capacity(need.key) is None:
+            return _Miss(need.key, "missing")
+    asked = [n.key for n in needs]
+    consumed = consumption(device, needs)
+    # requested keys first, so the sentence is about what the user asked for
+    for key in [k for k in asked if k in consumed] + sorted(k for k in consumed if k not in asked):
+        entry = device.capacity(key) or {}
+        value = quantity(entry.get("value")) or Fraction(0)
+        amount, used = consumed[key], in_use.get(key, Fraction(0))
+        policy = entry.get("requestPolicy") if isinstance(entry.get("requestPolicy"), Mapping) else None
+        rule = _violation(amount, policy) if policy else None
+        if rule is not None:
+            return _Miss(key, "policy", amount, used, value, rule)
+        if amount + used > value:
+            return _Miss(key, "in-use" if used or key not in asked else "size", amount, used, value)
+    return None
+
+
+def capacity_fits(device: InventoryDevice, needs: Iterable[CapacityNeed],
+                  in_use: Mapping[str, Fraction] | None = None) -> bool:
+    """capacity_miss(...) is None, without writing the sentence (the search asks this at every step)."""
+    return _first_miss(device, tuple(needs), in_use or {}) is None
+
+
 def capacity_miss(
     device: InventoryDevice, needs: Iterable[CapacityNeed], in_use: Mapping[str, Fraction] | None = None
 ) -> CapacityMiss | None:
     """Why the request's capacity does not fit on the device with `in_use` already consumed; None if it fits."""
     needs = tuple(needs)
-    in_use = in_use or {}
-    for need in needs:
-        if device.capacity(need.key) is None:
-            return CapacityMiss(need.key, "missing", f"it has no capacity {need.key!r}")
+    miss = _first_miss(device, needs, in_use or {})
+    if miss is None:
+        return None
+    key = miss.key
+    if miss.kind == "missing":
+        return CapacityMiss(key, "missing", f"it has no capacity {key!r}")
     texts = {n.key: n.text for n in needs}
-    consumed = consumption(device, needs)
-    # requested keys first, so the sentence is about what the user asked for
-    order = [k for k in texts if k in consumed] + sorted(k for k in consumed if k not in texts)
-    for key in order:
-        entry = device.capacity(key) or {}
-        value_text = str(entry.get("value"))
-        value = quantity(value_text) or Fraction(0)
-        amount = consumed[key]
-        used = in_use.get(key, Fraction(0))
-        free = value - used
-        policy = entry.get("requestPolicy") if isinstance(entry.get("requestPolicy"), Mapping) else None
-        rule = _violation(amount, policy) if policy else None
-        if rule is not None:
-            return CapacityMiss(key, "policy", _policy_reason(key, texts.get(key) or fmt_amount(amount), rule,
-                                                              policy or {}), free)
-        if amount + used <= value:
-            continue
-        if key in texts:
-            asked = texts[key]
-            if amount != quantity(asked):
-                asked += f" (rounded up to {fmt_amount(amount)} by its request policy)"
-            if used:
-                reason = (f"it has {value_text} of {key} with {fmt_amount(used)} in use ({fmt_amount(free)} free), "
-                          f"the request asks {asked}")
-                return CapacityMiss(key, "in-use", reason, free)
-            return CapacityMiss(key, "size", f"it has {value_text} of {key}, the request asks {asked}", free)
+    entry = device.capacity(key) or {}
+    value_text = str(entry.get("value"))
+    free = miss.value - miss.used
+    if miss.kind == "policy":
+        policy = entry.get("requestPolicy")
+        return CapacityMiss(key, "policy", _policy_reason(key, texts.get(key) or format_bytes(miss.amount), miss.rule,
+                                                          policy if isinstance(policy, Mapping) else {}), free)
+    if key not in texts:
         # not requested: a whole-device request, which takes the whole value
         reason = (f"a request without capacity.requests.{key} takes all {value_text} of {key}, and "
-                  f"{fmt_amount(used)} of it is in use")
+                  f"{format_bytes(miss.used)} of it is in use")
         return CapacityMiss(key, "in-use", reason, free)
-    return None
+    asked = texts[key]
+    if miss.amount != quantity(asked):
+        asked += f" (rounded up to {format_bytes(miss.amount)} by its request policy)"
+    if miss.used:
+        reason = (f"it has {value_text} of {key} with {format_bytes(miss.used)} in use ({format_bytes(free)} free), "
+                  f"the request asks {asked}")
+        return CapacityMiss(key, "in-use", reason, free)
+    return CapacityMiss(key, "size", f"it has {value_text} of {key}, the request asks {asked}", free)
 
 
 def _policy_reason(key: str, asked: str, rule: str, policy: Mapping[str, Any]) -> str:

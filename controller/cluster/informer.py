@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import structlog
 
 from controller.cluster.inventory import DeviceIndex
-from driver import DRIVER_NAME as DRIVER
+from controller.cluster.objects import by_name, object_ref
+from driver import DRIVER_NAME
 from driver.backoff import Backoff
 from driver.kubeapi import ApiError, Obj, WatchEvent
 
@@ -34,12 +35,6 @@ class ClusterReader(Protocol):
     def watch_device_classes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]: ...
     def list_resource_claims(self) -> Obj: ...
     def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]: ...
-
-
-def _key(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
 
 
 def _version(obj: Obj) -> str:
@@ -120,7 +115,7 @@ class Reflector:
 
     def _relist(self) -> str:
         listing = self._list()
-        items = {_key(item): item for item in listing.get("items") or [] if isinstance(item, dict)}
+        items = {object_ref(item): item for item in listing.get("items") or [] if isinstance(item, dict)}
         with self._lock:
             self._objects = items
         self.synced.set()
@@ -143,16 +138,17 @@ class Reflector:
                     continue
                 with self._lock:
                     if event.type == "DELETED":
-                        self._objects.pop(_key(obj), None)
+                        self._objects.pop(object_ref(obj), None)
                     else:
-                        self._objects[_key(obj)] = obj
+                        self._objects[object_ref(obj)] = obj
                 self._changed()
 
 
 class ClusterCache:
     """ResourceSlices (tessera's driver only), DeviceClasses and ResourceClaims, watched."""
 
-    def __init__(self, api: ClusterReader, *, driver: str = DRIVER, watch_timeout: int = 300, **backoff: Any) -> None:
+    def __init__(self, api: ClusterReader, *, driver: str = DRIVER_NAME, watch_timeout: int = 300,
+                 **backoff: Any) -> None:
         selector = f"spec.driver={driver}"
         self._driver = driver
         self._index_lock = threading.Lock()
@@ -204,7 +200,7 @@ class ClusterCache:
             return self._index
 
     def device_classes(self) -> dict[str, Obj]:
-        return {str((c.get("metadata") or {}).get("name")): c for c in self.classes.objects()}
+        return by_name(self.classes.objects())
 
     def resource_claims(self) -> list[Obj]:
         return self.claims.objects()

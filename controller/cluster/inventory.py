@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from controller.cluster.schema import split_qualified
-from driver import DRIVER_NAME as DRIVER
+from driver import DRIVER_NAME
 from driver.quantity import quantity_bytes_or_none
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class InventoryDevice:
 
     @property
     def device_type(self) -> str:
-        value = self.attribute(DRIVER, "type")
+        value = self.attribute(DRIVER_NAME, "type")
         return str(value.get("string", "")) if value else ""
 
     @property
@@ -107,7 +107,7 @@ class InventoryDevice:
 
     @property
     def product_name(self) -> str:
-        value = self.attribute(DRIVER, "productName")
+        value = self.attribute(DRIVER_NAME, "productName")
         return str(value.get("string", "")) if value else ""
 
     def describe(self) -> str:
@@ -138,7 +138,7 @@ class DeviceIndex:
     shape_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_slices(cls, slices: Iterable[Obj], *, driver: str | None = DRIVER, version: int = 0) -> DeviceIndex:
+    def from_slices(cls, slices: Iterable[Obj], *, driver: str | None = DRIVER_NAME, version: int = 0) -> DeviceIndex:
         """Group slices per pool, keep the newest generation, collect the devices.
 
         `driver=None` keeps every driver's slices (e.g. a file with mixed slices).
@@ -191,7 +191,7 @@ class Pool:
     complete: bool  # as many slices as `resourceSliceCount` says
 
 
-def current_pools(slices: Iterable[Obj], *, driver: str | None = DRIVER) -> list[Pool]:
+def current_pools(slices: Iterable[Obj], *, driver: str | None = DRIVER_NAME) -> list[Pool]:
     """Group slices per pool and keep the newest generation, pools sorted by (driver, name) as the
     scheduler walks them. `driver=None` keeps every driver's slices."""
     pools: dict[tuple[str, str], list[Obj]] = {}

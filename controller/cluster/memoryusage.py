@@ -2,8 +2,9 @@
 
 Total counts each physical memory once: whole-GPU devices (type "gpu") and static MIG instances
 (type "mig" without counters, whose parent is not published). Dynamic MIG placements consume counters
-and overlap each other and their parent, so they are not added again. Allocated memory is a result's
-`consumedCapacity.memory` for a share, else the whole device's memory.
+and overlap each other and their parent, so they are not added again. Allocated memory is what each
+result holds by kube-scheduler's booking rule (controller.cluster.booking), the same rule `tessera
+status` and `tessera explain` use: adminAccess results hold nothing.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.cluster.booking import bookings
 from controller.cluster.inventory import DeviceIndex
-from driver import DRIVER_NAME as DRIVER
-from driver.quantity import quantity_bytes_or_none
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,12 @@ def memory_usage(index: DeviceIndex, claims: Iterable[dict[str, Any]]) -> dict[s
         totals.setdefault(device.node, 0)
         if counted and device.memory is not None:
             totals[device.node] += device.memory
-    by_ref = {(d.pool, d.name): d for d in index.devices}
+    by_ref = {(d.driver, d.pool, d.name): d for d in index.devices}
     allocated: dict[str, int] = {}
     for claim in claims:
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        for result in results:
-            if not isinstance(result, dict) or result.get("driver") != DRIVER:
-                continue
-            found = by_ref.get((str(result.get("pool")), str(result.get("device"))))
-            node = found.node if found else str(result.get("pool"))
-            consumed = (result.get("consumedCapacity") or {}).get("memory")
-            amount = (
-                quantity_bytes_or_none(str(consumed)) if consumed is not None else (found.memory if found else None)
-            )
-            allocated[node] = allocated.get(node, 0) + (amount or 0)
+        for booking in bookings(claim):
+            found = by_ref.get(booking.key)
+            node = found.node if found else booking.key[1]
+            allocated[node] = allocated.get(node, 0) + int(booking.memory(found.memory if found else None))
     nodes = sorted(set(totals) | set(allocated))
     return {n: NodeMemory(totals.get(n, 0), allocated.get(n, 0)) for n in nodes}

@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.schema import AttributeSchema, published_schema
-from driver import DRIVER_NAME as DRIVER
+from driver import DRIVER_NAME
 
 _ZERO: dict[str, Any] = {"int": 0, "bool": False, "string": "", "version": "0.0.0"}
 
@@ -23,9 +23,9 @@ def synthetic_device(schema: AttributeSchema, device_type: str) -> dict[str, Any
     """A device of `device_type` carrying exactly the schema's attributes, with zero values."""
     attributes: dict[str, Any] = {}
     for domain, name in sorted(schema.by_type[device_type]):
-        key = name if domain == DRIVER else f"{domain}/{name}"
+        key = name if domain == DRIVER_NAME else f"{domain}/{name}"
         kind = schema.kinds[(domain, name)]
-        attributes[key] = {kind: device_type if (domain, name) == (DRIVER, "type") else _ZERO[kind]}
+        attributes[key] = {kind: device_type if (domain, name) == (DRIVER_NAME, "type") else _ZERO[kind]}
     return {
         "name": f"sample-{device_type}",
         "attributes": attributes,
@@ -47,7 +47,7 @@ def sample_index() -> DeviceIndex:
     slices.append(
         {
             "spec": {
-                "driver": DRIVER,
+                "driver": DRIVER_NAME,
                 "pool": {"name": "sample-synthetic", "generation": 0, "resourceSliceCount": 1},
                 "nodeName": "sample-synthetic",
                 "devices": [synthetic_device(schema, t) for t in schema.device_types],

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from driver import DRIVER_NAME as DRIVER
+from driver import DRIVER_NAME
 
 # Capacity keys tessera publishes on every device (driver.attributes.DEVICE_CAPACITIES holds the truth).
 CAPACITY_NAMES: tuple[str, ...] = ("memory", "multiprocessors")
@@ -23,7 +23,7 @@ REQUESTABLE_CAPACITIES: tuple[str, ...] = ("memory",)
 QualifiedName = tuple[str, str]  # (domain, name)
 
 
-def split_qualified(key: str, default_domain: str = DRIVER) -> QualifiedName:
+def split_qualified(key: str, default_domain: str = DRIVER_NAME) -> QualifiedName:
     """`productName` -> (driver domain, productName); `resource.kubernetes.io/pciBusID` -> split at '/'."""
     domain, sep, name = key.partition("/")
     return (domain, name) if sep else (default_domain, key)

@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.checks.claimspec import Constraint
 from controller.cluster.inventory import InventoryDevice
 from controller.explain.funnel import Funnel
 from controller.explain.reasons import Verdict
-from controller.explain.requests import Constraint
 from controller.explain.search import ClaimInput, SearchResult, attribute_value, typed_value
 
 Search = Callable[[Sequence[ClaimInput], str], SearchResult]

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from controller.checks.findings import DRIVER
-from controller.cluster.capacityfit import CapacityMiss, capacity_miss, fmt_amount
+from controller.cluster.capacityfit import CapacityMiss, capacity_miss
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, MatchResult, Requirement, RuntimeFailure, first_failure, match
 from controller.cluster.taints import fmt_taint, untolerated_taint
 from controller.explain.requests import RequestSpec
 from controller.explain.state import AllocatedState, CounterShort, Holder
+from driver import DRIVER_NAME
+from driver.quantity import format_bytes
 
 STEPS = ("driver", "class", "selectors", "capacity", "allocation", "taints", "counters")
 
@@ -95,10 +96,10 @@ def funnel(request: RequestSpec, index: DeviceIndex, nodes: set[str] | None, sta
            evaluator: Evaluator) -> Funnel:
     """Walk the request's checks over the devices of `nodes` (None: every node)."""
     skipped = tuple(index.incomplete_pools)
-    devices = tuple(d for d in index.devices if d.driver == DRIVER and d.pool not in skipped
+    devices = tuple(d for d in index.devices if d.driver == DRIVER_NAME and d.pool not in skipped
                     and (nodes is None or d.node in nodes))
     where = "" if nodes is None else " on the nodes the pod may use"
-    steps = [Step("driver", f"devices of {DRIVER}{where}", devices)]
+    steps = [Step("driver", f"devices of {DRIVER_NAME}{where}", devices)]
     scope = DeviceIndex(devices)
     n_class = len(request.class_conditions)
     passed_class: list[InventoryDevice] = []
@@ -170,9 +171,7 @@ def _largest_free(devices: Iterable[InventoryDevice], state: AllocatedState) -> 
     if best is None:
         return ""
     free = max(best[0], Fraction(0))
-    shown = f"{float(free) / (1 << 30):.1f}Gi" if free.denominator == 1 and free.numerator % (1 << 30) \
-        else fmt_amount(free)
-    return f"largest free memory: {shown} on {best[1].ref}"
+    return f"largest free memory: {format_bytes(free, approximate=True)} on {best[1].ref}"
 
 
 def _allocation(request: RequestSpec, devices: tuple[InventoryDevice, ...], state: AllocatedState) -> Step:

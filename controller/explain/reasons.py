@@ -10,14 +10,14 @@ from typing import Any
 
 from controller.checks.ownership import class_targets_tessera
 from controller.checks.selectors import compile_selectors
-from controller.cluster.capacityfit import fmt_amount
 from controller.cluster.inventory import DeviceIndex, InventoryDevice
 from controller.cluster.matching import Evaluator, Requirement, match
-from controller.cluster.taints import fmt_taint
+from controller.cluster.taints import TaintRule, fmt_taint, rule_of
 from controller.explain.funnel import Drop, Funnel
 from controller.explain.requests import RequestSpec
 from controller.explain.state import Holder
 from driver import DRIVER_NAME
+from driver.quantity import format_bytes
 
 Obj = dict[str, Any]
 MAX_NAMED = 3
@@ -39,8 +39,7 @@ class Verdict:
 
 def is_share(holder: Holder, device: InventoryDevice) -> bool:
     """Part of the card's memory, not all of it (a whole-GPU claim on a shareable card also has a shareID)."""
-    memory = holder.consumed.get("memory")
-    return bool(holder.share_id) and memory is not None and device.memory is not None and memory < device.memory
+    return device.memory is not None and holder.booking.memory(device.memory) < device.memory
 
 
 def _holders_text(holders: Sequence[Holder]) -> str:
@@ -71,7 +70,7 @@ def _freeing(holders: Sequence[Holder]) -> str:
 
 
 def funnel_verdict(f: Funnel, classes: Mapping[str, Obj], evaluator: Evaluator, all_devices: DeviceIndex,
-                   scope_why: str) -> Verdict:
+                   scope_why: str, *, rules: Sequence[TaintRule] = ()) -> Verdict:
     """Why the request gets no device, from the first empty step of its funnel."""
     if f.runtime_errors:
         e = f.runtime_errors[0]
@@ -87,7 +86,7 @@ def funnel_verdict(f: Funnel, classes: Mapping[str, Obj], evaluator: Evaluator, 
     previous = f.steps[f.steps.index(step) - 1] if step.name != "driver" else None
     handler = _HANDLERS[step.name]
     return handler(f, step.dropped, previous.count if previous else 0,
-                   _Context(classes, evaluator, all_devices, scope_why))
+                   _Context(classes, evaluator, all_devices, scope_why, tuple(rules)))
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,7 @@ class _Context:
     evaluator: Evaluator
     all_devices: DeviceIndex
     scope_why: str
+    rules: tuple[TaintRule, ...] = ()
 
 
 def _driver(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
@@ -187,14 +187,14 @@ def _capacity(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> V
     if live:
         best = max(live, key=lambda d: d.miss.free if d.miss and d.miss.free is not None else Fraction(-1))
         free = best.miss.free if best.miss and best.miss.free is not None else Fraction(0)
-        return Verdict(False, "capacity", f"no card has {ask} free: the largest free amount is {fmt_amount(free)}, "
+        return Verdict(False, "capacity", f"no card has {ask} free: the largest free amount is {format_bytes(free)}, "
                        f"on {best.device.ref} (the rest is held by {_holders_text(best.holders)})",
-                       f"ask for {fmt_amount(free)} or less, or {_freeing(best.holders)} to free memory on "
+                       f"ask for {format_bytes(free)} or less, or {_freeing(best.holders)} to free memory on "
                        f"{best.device.ref}", (best.device.ref,), tuple(dict.fromkeys(h.claim for h in best.holders)),
                        tuple(dict.fromkeys(p for h in best.holders for p in h.pods)))
     largest = max(drops, key=lambda d: d.device.memory or 0)
     reason = f"no device can hold {ask}: {largest.device.ref}, the largest, {_clause(largest.why)}"
-    fix = f"ask for at most {fmt_amount(Fraction(largest.device.memory))}" if largest.device.memory else \
+    fix = f"ask for at most {format_bytes(Fraction(largest.device.memory))}" if largest.device.memory else \
         "ask for less"
     return Verdict(False, "capacity", reason, fix, (largest.device.ref,))
 
@@ -220,14 +220,23 @@ def _allocation(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) ->
 
 def _taints(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> Verdict:
     taint = drops[0].taint or {}
-    named = _named(drops, lambda d: f"{d.device.ref} has {fmt_taint(d.taint or {})}")
+    def has(d: Drop) -> str:
+        rule = rule_of(ctx.rules, d.device, d.taint or {})
+        source = f" (from DeviceTaintRule {rule.name})" if rule else ""
+        return f"{d.device.ref} has {fmt_taint(d.taint or {})}{source}"
+
+    named = _named(drops, has)
     toleration = {"key": taint.get("key"), "operator": "Equal" if taint.get("value") else "Exists"}
     if taint.get("value"):
         toleration["value"] = f'"{taint["value"]}"'
     toleration["effect"] = taint.get("effect")
     shown = ", ".join(f"{k}: {v}" for k, v in toleration.items())
     fix = f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the admin to remove the taint'
-    if str(taint.get("key", "")).startswith(f"{DRIVER_NAME}/"):
+    rule = rule_of(ctx.rules, drops[0].device, taint)
+    if rule is not None:
+        fix = (f'add the toleration {{{shown}}} to request "{f.request.ref}", or ask the admin to delete or narrow '
+               f"DeviceTaintRule {rule.name} (kubectl get devicetaintrules)")
+    elif str(taint.get("key", "")).startswith(f"{DRIVER_NAME}/"):
         # tessera's own health taints: the GPU is sick, tolerating it is for diagnostics only
         fix = (f"tessera marked the GPU unhealthy ({fmt_taint(taint)}; docs/health.md): wait until it is reset or "
                f'repaired, or, for a diagnostics job only, add the toleration {{{shown}}} to request "{f.request.ref}"')
@@ -249,8 +258,8 @@ def _counters(f: Funnel, drops: Sequence[Drop], before: int, ctx: _Context) -> V
     if short is not None:
         names = [c.counter for c in first.counters]
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        counter = (f"{listed} of {short.counter_set} ({short.counter}: {fmt_amount(short.needed)} needed, "
-                   f"{fmt_amount(max(short.available, Fraction(0)))} left)")
+        counter = (f"{listed} of {short.counter_set} ({short.counter}: {format_bytes(short.needed)} needed, "
+                   f"{format_bytes(max(short.available, Fraction(0)))} left)")
     reason = (f"the {before} remaining devices need shared counters (MIG memory and compute slices) that are in use: "
               f"{first.device.ref} needs {counter}{holder_text}")
     fix = f"{_freeing(holders)} to free the slices" if holders else "free the MIG slices"

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from controller.cluster.capacityfit import fmt_amount, quantity
+from controller.cluster.capacityfit import quantity
 from controller.explain.explain import ClaimReport, Explanation, RequestReport
 from controller.explain.funnel import Drop, Funnel, Step
 from controller.explain.reasons import Verdict
 from controller.explain.search import Pick
+from driver.quantity import format_bytes
 
 MAX_NODES_SHOWN = 4
 
@@ -52,7 +53,7 @@ def _request_lines(r: RequestReport, indent: str, final: Verdict) -> list[str]:
 def _pick_text(p: Pick) -> str:
     memory = p.consumed.get("memory")
     device_memory = quantity((p.device.capacity("memory") or {}).get("value"))
-    share = f" ({fmt_amount(memory)} share)" if memory is not None and memory != device_memory else ""
+    share = f" ({format_bytes(memory)} share)" if memory is not None and memory != device_memory else ""
     return f"{p.request} -> {p.device.name}{share}"
 
 
@@ -99,6 +100,9 @@ def render_text(e: Explanation) -> str:
     if e.problem:
         lines.append(f"  {e.problem}")
         return "\n".join(lines) + "\n"
+    if e.prepare is not None:
+        seen = f" ({e.prepare.count} times, last at {e.prepare.last_seen})" if e.prepare.last_seen else ""
+        lines.append(f"  kubelet on {e.prepare.node or 'its node'}{seen}: {e.prepare.message}")
     for claim in e.claims:
         lines += ["", *_claim_lines(claim, e.verdict)]
     lines.append("")
@@ -110,6 +114,8 @@ def render_text(e: Explanation) -> str:
     else:
         lines.append(f"Why: {v.reason}")
         lines.append(f"Fix: {v.fix}")
+    if e.note:
+        lines.append(f"Note: {e.note}")
     return "\n".join(lines) + "\n"
 
 
@@ -134,8 +140,8 @@ def _drop_json(d: Drop) -> dict[str, Any]:
     if d.taint is not None:
         out["taint"] = dict(d.taint)
     if d.counters:
-        out["counters"] = [{"counterSet": c.counter_set, "counter": c.counter, "needed": fmt_amount(c.needed),
-                            "available": fmt_amount(max(c.available, Fraction(0))),
+        out["counters"] = [{"counterSet": c.counter_set, "counter": c.counter, "needed": format_bytes(c.needed),
+                            "available": format_bytes(max(c.available, Fraction(0))),
                             "heldBy": [{"device": dev.ref, "claim": h.claim, "pods": list(h.pods)}
                                        for dev, h in c.held_by]} for c in d.counters]
     return out
@@ -167,7 +173,7 @@ def _claim_json(c: ClaimReport) -> dict[str, Any]:
 
 def _pick_json(p: Pick) -> dict[str, Any]:
     return {"request": p.request, "node": p.device.node, "device": p.device.name,
-            "consumedCapacity": {k: fmt_amount(v) for k, v in p.consumed.items()}}
+            "consumedCapacity": {k: format_bytes(v) for k, v in p.consumed.items()}}
 
 
 def render_json(e: Explanation) -> dict[str, Any]:
@@ -175,7 +181,14 @@ def render_json(e: Explanation) -> dict[str, Any]:
                            "schedulerMessage": e.scheduler_message or None,
                            "nodeScope": {"why": e.scope.why,
                                          "nodes": sorted(e.scope.names) if e.scope.names is not None else None},
-                           "claims": [_claim_json(c) for c in e.claims], "verdict": _verdict_json(e.verdict)}
+                           "claims": [_claim_json(c) for c in e.claims], "verdict": _verdict_json(e.verdict),
+                           "search": {"budgetSeconds": e.search.budget_s, "runs": e.search.runs,
+                                      "reused": e.search.reused, "steps": e.search.steps,
+                                      "cutShort": e.search.cut_short, "note": e.note or None}}
     if e.problem:
         out["problem"] = e.problem
+    if e.prepare is not None:
+        out["prepare"] = {"node": e.prepare.node, "message": e.prepare.message, "count": e.prepare.count,
+                          "lastSeen": e.prepare.last_seen or None, "claim": e.prepare.claim or None,
+                          "agentError": e.prepare.agent_error or None}
     return out

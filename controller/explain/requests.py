@@ -1,13 +1,15 @@
 """A ResourceClaimSpec as the allocator sees it: requests (a firstAvailable request is its list of
 subrequests), each with its class's selectors, its own selectors, capacity, count and tolerations,
-compiled with the webhook's code (controller.checks.selectors, controller.checks.classes)."""
+compiled with the webhook's code. The claim is read with the webhook's walker
+(controller.checks.claimspec) and its selectors compiled by controller.checks.selectors and classes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.checks.claimspec import Constraint, RequestBody, constraints, requests
 from controller.checks.classes import class_conditions
 from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.checks.selectors import compile_selectors
@@ -64,22 +66,6 @@ class RequestGroup:
 
 
 @dataclass(frozen=True)
-class Constraint:
-    requests: tuple[str, ...]  # empty: every request of the claim
-    attribute: str  # fully qualified
-    kind: str  # matchAttribute or distinctAttribute
-
-    def applies(self, ref: str) -> bool:
-        if not self.requests:
-            return True
-        return ref in self.requests or ref.split("/", 1)[0] in self.requests
-
-    def describe(self) -> str:
-        scope = f" over {', '.join(self.requests)}" if self.requests else ""
-        return f"{self.kind} {self.attribute}{scope}"
-
-
-@dataclass(frozen=True)
 class ClaimPlan:
     """Everything the allocator needs from one claim."""
 
@@ -104,19 +90,15 @@ def _needs(body: Mapping[str, Any]) -> tuple[tuple[CapacityNeed, ...], str]:
     return tuple(needs), ""
 
 
-def request_spec(body: Mapping[str, Any], ref: str, classes: Mapping[str, Obj]) -> RequestSpec:
-    class_name = str(body.get("deviceClassName", ""))
-    mode = str(body.get("allocationMode") or "ExactCount")
-    count = body.get("count", 1) if mode != "All" else 0
-    count = count if isinstance(count, int) else 1
-    tolerations = tuple(t for t in body.get("tolerations") or () if isinstance(t, Mapping))
-    admin = bool(body.get("adminAccess"))
+def request_spec(request: RequestBody, classes: Mapping[str, Obj]) -> RequestSpec:
+    class_name, ref, body = request.class_name, request.ref, request.body
     cls = classes.get(class_name)
     ours = is_our_class_name(class_name) or (cls is not None and class_targets_tessera(dict(cls)))
-    base = RequestSpec(ref, class_name, mode, count, tolerations=tolerations, admin_access=admin, ours=ours)
+    base = RequestSpec(ref, class_name, request.mode, request.count, tolerations=request.tolerations,
+                       admin_access=request.admin_access, ours=ours)
     if cls is None:
         # whoever's class it was meant to be, the scheduler stops at a class that does not exist
-        return _replace(base, ours=True, problem=f'DeviceClass "{class_name}" does not exist')
+        return replace(base, ours=True, problem=f'DeviceClass "{class_name}" does not exist')
     class_errors, class_conds = class_conditions(dict(cls))
     errors, conds = compile_selectors(body.get("selectors"), "selectors", f'request "{ref}"')
     needs, need_error = _needs(body)
@@ -127,40 +109,12 @@ def request_spec(body: Mapping[str, Any], ref: str, classes: Mapping[str, Obj]) 
         problem = f"a selector of request \"{ref}\" does not compile: {errors[0].message}"
     elif need_error:
         problem = need_error
-    return _replace(base, class_conditions=tuple(class_conds), conditions=tuple(conds), needs=needs, problem=problem)
-
-
-def _replace(spec: RequestSpec, **changes: Any) -> RequestSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
+    return replace(base, class_conditions=tuple(class_conds), conditions=tuple(conds), needs=needs, problem=problem)
 
 
 def claim_plan(ref: str, spec: Mapping[str, Any], classes: Mapping[str, Obj]) -> ClaimPlan:
     """The claim spec (`spec` of a ResourceClaim, `spec.spec` of a template) as the allocator reads it."""
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    devices = devices if isinstance(devices, Mapping) else {}
-    groups = []
-    for request in devices.get("requests") or ():
-        if not isinstance(request, Mapping):
-            continue
-        name = str(request.get("name", ""))
-        if isinstance(request.get("exactly"), Mapping):
-            groups.append(RequestGroup(name, (request_spec(request["exactly"], name, classes),)))
-        else:
-            subs = tuple(request_spec(s, f"{name}/{s.get('name', '')}", classes)
-                         for s in request.get("firstAvailable") or () if isinstance(s, Mapping))
-            groups.append(RequestGroup(name, subs))
-    constraints = []
-    problems = []
-    for i, c in enumerate(devices.get("constraints") or ()):
-        if not isinstance(c, Mapping):
-            continue
-        requests = tuple(str(r) for r in c.get("requests") or ())
-        if c.get("matchAttribute"):
-            constraints.append(Constraint(requests, str(c["matchAttribute"]), "matchAttribute"))
-        elif c.get("distinctAttribute"):
-            constraints.append(Constraint(requests, str(c["distinctAttribute"]), "distinctAttribute"))
-        else:
-            problems.append(f"constraint {i} has neither matchAttribute nor distinctAttribute")
-    return ClaimPlan(ref, tuple(groups), tuple(constraints), tuple(problems))
+    groups = tuple(RequestGroup(r.name, tuple(request_spec(b, classes) for b in r.alternatives))
+                   for r in requests(spec))
+    found, problems = constraints(spec)
+    return ClaimPlan(ref, groups, tuple(found), tuple(problems))

@@ -17,19 +17,37 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from controller.cluster.capacityfit import capacity_miss, consumption
+from controller.checks.claimspec import Constraint
+from controller.cluster.booking import DeviceKey
+from controller.cluster.capacityfit import capacity_fits, consumption
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.taints import untolerated_taint
-from controller.explain.requests import Constraint, RequestSpec
-from controller.explain.state import AllocatedState, CounterKey, DeviceKey, device_key
+from controller.explain.requests import RequestSpec
+from controller.explain.state import AllocatedState, CounterKey, device_key
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
+DEADLINE_EVERY = 64  # steps between looks at the clock: a step is about 0.1 ms, a look costs about as much
+_ZERO = Fraction(0)
+Amount = int | Fraction  # a capacity amount inside the search: int when whole
+_Fit = tuple[dict[str, Amount] | None, dict[str, Amount]]
+
+
+class Deadline(Protocol):
+    def passed(self) -> bool: ...
+
+
+def _whole(value: Fraction) -> Amount:
+    return value.numerator if value.denominator == 1 else value
 
 
 class SearchLimit(Exception):
-    """The search took more steps than allowed."""
+    """The search took more steps than allowed, or its deadline passed (`cut_short`)."""
+
+    def __init__(self, *, cut_short: bool = False) -> None:
+        super().__init__("deadline passed" if cut_short else "step budget used up")
+        self.cut_short = cut_short
 
 
 class ConstraintError(Exception):
@@ -61,9 +79,11 @@ class Pick:
 @dataclass(frozen=True)
 class SearchResult:
     found: bool
-    picks: tuple[tuple[Pick, ...], ...] = ()  # per claim
-    limited: bool = False
+    picks: tuple[tuple[Pick, ...], ...] = ()  # per claim; empty when the answer was reused from a like node
+    limited: bool = False  # gave up before it knew: the step budget ran out, or the deadline passed
     error: str = ""
+    steps: int = 0
+    cut_short: bool = False  # the overall deadline stopped it (or it never ran)
 
 
 def attribute_value(device: InventoryDevice, name: str) -> Mapping[str, Any] | None:
@@ -145,18 +165,21 @@ class Slot(NamedTuple):
 
 
 class _Search:
-    def __init__(self, claims: Sequence[ClaimInput], state: AllocatedState, budget: int, incomplete: bool) -> None:
+    def __init__(self, claims: Sequence[ClaimInput], state: AllocatedState, budget: int, incomplete: bool,
+                 deadline: Deadline | None = None) -> None:
         self.claims = claims
         self.state = state
         self.budget = budget
         self.incomplete = incomplete
+        self.deadline = deadline
         self.calls = 0
         self.allocating: dict[DeviceKey, set[int]] = {}
-        self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.capacity: dict[DeviceKey, dict[str, Amount]] = {}
         self.counters: dict[CounterKey, Fraction] = {}
         self.constraints = [[_Match(c) if c.kind == "matchAttribute" else _Distinct(c) for c in claim.constraints]
                             for claim in claims]
         self.results: list[list[Pick]] = [[] for _ in claims]
+        self._fits: dict[tuple[int, DeviceKey], _Fit] = {}
         # allocationMode All: every selectable device with room, fixed before the search (validateDeviceRequest)
         self.all_devices: dict[tuple[int, int, int], list[InventoryDevice]] = {}
         for ci, claim in enumerate(claims):
@@ -174,18 +197,38 @@ class _Search:
         return key in self.state.dedicated or bool(self.allocating.get(key))
 
     def capacity_fits(self, spec: RequestSpec, device: InventoryDevice) -> bool:
-        used = dict(self.state.in_use(device))
-        for k, v in self.capacity.get(device_key(device), {}).items():
-            used[k] = used.get(k, Fraction(0)) + v
-        return capacity_miss(device, spec.needs, used) is None
+        """CmpRequestOverCapacity with what other claims and this search already hold on the device. What the
+        request would consume and what other claims leave free are the same at every step, so they are worked
+        out once per request and device; only what this search has taken of the device is added at each step."""
+        key = device_key(device)
+        fit = self._fits.get((id(spec), key))
+        if fit is None:
+            fit = self._fits[(id(spec), key)] = self._fit(spec, device, key)
+        need, free = fit
+        if need is None:
+            return False
+        taken = self.capacity.get(key)
+        if not taken:
+            return all(amount <= free[k] for k, amount in need.items())
+        return all(amount + taken.get(k, 0) <= free[k] for k, amount in need.items())
+
+    def _fit(self, spec: RequestSpec, device: InventoryDevice, key: DeviceKey) -> _Fit:
+        """What the request consumes of the device and what other claims leave of it; (None, {}) when the
+        request alone does not fit (a key missing, a request policy broken). Whole numbers are kept as int:
+        the search adds them up at every step, and int is much faster than Fraction."""
+        if not capacity_fits(device, spec.needs):
+            return None, {}
+        held = self.state.shared.get(key, {})
+        need = {k: _whole(v) for k, v in consumption(device, spec.needs).items()}
+        free = {k: _whole(self.state.capacity_value(device, k) - held.get(k, _ZERO)) for k in need}
+        return need, free
 
     def allocate_device(self, ci: int, spec: RequestSpec, device: InventoryDevice,
                         must: bool) -> Callable[[], None] | None:
+        """allocateDevice: take `device` for request `spec` of claim `ci`; the undo, or None when it cannot be
+        taken (ConstraintError when `must` and a constraint refuses it)."""
         key = device_key(device)
-        multi = device.allow_multiple
-        if not multi and spec.admin_access and ci in self.allocating.get(key, set()):
-            return None
-        if not spec.admin_access and self.in_use(key):
+        if not self._available(ci, spec, key, device.allow_multiple):
             return None
         undo: list[Callable[[], None]] = []
 
@@ -193,48 +236,68 @@ class _Search:
             for step in reversed(undo):
                 step()
 
-        skip_counters = multi and (key in self.state.shared or key in self.capacity)
-        own = self.state.consumed_counters(device)
-        if own and not skip_counters:
-            if self.state.counter_shortfalls(device, self.counters):
-                return None
-            self._add_counters(own, 1)
-            undo.append(lambda: self._add_counters(own, -1))
-        if untolerated_taint(device, spec.tolerations) is not None:
-            rollback()
-            return None
-        for constraint in self.constraints[ci]:
-            if not constraint.add(spec.base, spec.sub, device):
-                rollback()
-                if must:
-                    raise ConstraintError(f"cannot add device {device.ref} because a claim constraint would not "
-                                          f"be satisfied ({constraint.c.describe()})")
-                return None
-            undo.append(_remover(constraint, spec, device))
-        if not multi:
+        taken = (self._take_counters(device, key, undo) and untolerated_taint(device, spec.tolerations) is None
+                 and self._meet_constraints(ci, spec, device, must, undo))
+        if taken and not device.allow_multiple:
             self.allocating.setdefault(key, set()).add(ci)
             undo.append(lambda: self.allocating[key].discard(ci))
-        if not self.capacity_fits(spec, device):
+        if not taken or not self.capacity_fits(spec, device):
             rollback()
             return None
-        consumed: dict[str, Fraction] = {}
-        if multi:
-            consumed = consumption(device, spec.needs)
-            existed = key in self.capacity
-            entry = self.capacity.setdefault(key, {})
-            for k, v in consumed.items():
-                entry[k] = entry.get(k, Fraction(0)) + v
-
-            def release() -> None:
-                for k, v in consumed.items():
-                    entry[k] -= v
-                if not existed:
-                    self.capacity.pop(key, None)
-
-            undo.append(release)
-        self.results[ci].append(Pick(spec.ref, device, consumed))
+        consumed = self._take_capacity(spec, device, key, undo) if device.allow_multiple else {}
+        self.results[ci].append(Pick(spec.ref, device, {k: Fraction(v) for k, v in consumed.items()}))
         undo.append(lambda: self._drop_last(ci))
         return rollback
+
+    def _available(self, ci: int, spec: RequestSpec, key: DeviceKey, multi: bool) -> bool:
+        """Not in use; an admin-access request only avoids a device its own claim already takes."""
+        if spec.admin_access:
+            return multi or ci not in self.allocating.get(key, set())
+        return not self.in_use(key)
+
+    def _take_counters(self, device: InventoryDevice, key: DeviceKey, undo: list[Callable[[], None]]) -> bool:
+        """The device's shared counters, unless a share of this card already holds them."""
+        own = self.state.consumed_counters(device)
+        if not own or (device.allow_multiple and (key in self.state.shared or key in self.capacity)):
+            return True
+        if self.state.counter_shortfalls(device, self.counters):
+            return False
+        self._add_counters(own, 1)
+        undo.append(lambda: self._add_counters(own, -1))
+        return True
+
+    def _meet_constraints(self, ci: int, spec: RequestSpec, device: InventoryDevice, must: bool,
+                          undo: list[Callable[[], None]]) -> bool:
+        for constraint in self.constraints[ci]:
+            if not constraint.add(spec.base, spec.sub, device):
+                if must:
+                    for step in reversed(undo):
+                        step()
+                    undo.clear()
+                    raise ConstraintError(f"cannot add device {device.ref} because a claim constraint would not "
+                                          f"be satisfied ({constraint.c.describe()})")
+                return False
+            undo.append(_remover(constraint, spec, device))
+        return True
+
+    def _take_capacity(self, spec: RequestSpec, device: InventoryDevice, key: DeviceKey,
+                       undo: list[Callable[[], None]]) -> dict[str, Amount]:
+        """The share's consumed capacity, added to what this search has taken of the card."""
+        fit = self._fits.get((id(spec), key)) or self._fit(spec, device, key)  # capacity_fits saw it first
+        consumed = fit[0] or {}
+        existed = key in self.capacity
+        entry = self.capacity.setdefault(key, {})
+        for k, v in consumed.items():
+            entry[k] = entry.get(k, 0) + v
+
+        def release() -> None:
+            for k, v in consumed.items():
+                entry[k] -= v
+            if not existed:
+                self.capacity.pop(key, None)
+
+        undo.append(release)
+        return consumed
 
     def _add_counters(self, own: Mapping[CounterKey, Fraction], sign: int) -> None:
         for key, value in own.items():
@@ -249,6 +312,8 @@ class _Search:
         self.calls += 1
         if self.calls > self.budget:
             raise SearchLimit
+        if self.deadline is not None and self.calls % DEADLINE_EVERY == 0 and self.deadline.passed():
+            raise SearchLimit(cut_short=True)
         if at.claim >= len(self.claims):
             return True
         claim = self.claims[at.claim]
@@ -311,15 +376,17 @@ def _too_few(claims: Sequence[ClaimInput]) -> bool:
 
 
 def search(claims: Sequence[ClaimInput], state: AllocatedState, *, budget: int = 50_000,
-           incomplete_pool: bool = False) -> SearchResult:
-    """The scheduler's first solution for `claims` on one node (their devices already limited to it)."""
+           incomplete_pool: bool = False, deadline: Deadline | None = None) -> SearchResult:
+    """The scheduler's first solution for `claims` on one node (their devices already limited to it), within
+    `budget` steps and before `deadline`."""
     if _too_few(claims) and not incomplete_pool:
         return SearchResult(False)
+    run = None
     try:
-        run = _Search(claims, state, budget, incomplete_pool)
+        run = _Search(claims, state, budget, incomplete_pool, deadline)
         found = run.allocate_one(Slot(0, 0), False, 0)
-    except SearchLimit:
-        return SearchResult(False, limited=True)
+    except SearchLimit as stop:
+        return SearchResult(False, limited=True, steps=run.calls if run else 0, cut_short=stop.cut_short)
     except ConstraintError as exc:
-        return SearchResult(False, error=str(exc))
-    return SearchResult(found, tuple(tuple(r) for r in run.results) if found else ())
+        return SearchResult(False, error=str(exc), steps=run.calls if run else 0)
+    return SearchResult(found, tuple(tuple(r) for r in run.results) if found else (), steps=run.calls)

@@ -1,34 +1,28 @@
-"""What the cluster's allocated ResourceClaims hold, booked the way kube-scheduler books it.
-
-kube-scheduler 1.36 (dynamicresources/allocateddevices.go) reads every allocated claim: a result with
-a `shareID` is one share of a device that allows multiple allocations and consumes its
-`consumedCapacity`; any other result takes the whole device; `adminAccess` results hold nothing. A
-device that is allocated in either way consumes its shared counters (MIG memory slices), once.
+"""What the cluster's allocated ResourceClaims hold, booked the way kube-scheduler books it
+(controller.cluster.booking: adminAccess results hold nothing, a result with a shareID holds its
+consumedCapacity, any other result the whole device). A device that is allocated in either way
+consumes its shared counters (MIG memory slices), once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from controller.checks.findings import DRIVER
+from controller.cluster.booking import Booking, DeviceKey, bookings
 from controller.cluster.capacityfit import quantity
 from controller.cluster.inventory import DeviceIndex, InventoryDevice, current_pools
+from controller.cluster.objects import object_ref
+from driver import DRIVER_NAME
 
 Obj = dict[str, Any]
-DeviceKey = tuple[str, str, str]  # driver, pool, device
 CounterKey = tuple[str, str, str]  # pool, counter set, counter
 
 
 def device_key(device: InventoryDevice) -> DeviceKey:
-    return (device.driver, device.pool, device.name)
-
-
-def object_ref(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta['namespace']}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name", ""))
+    return (device.driver, device.pool, str(device.spec.get("name", "")))
 
 
 def reserved_pods(claim: Obj) -> tuple[str, ...]:
@@ -43,13 +37,23 @@ def reserved_pods(claim: Obj) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Holder:
-    """One allocation result that holds (part of) a device."""
+    """A claim's booking of (part of) a device, with the pods that reserve the claim."""
 
     claim: str  # namespace/name
     pods: tuple[str, ...]
-    request: str
-    share_id: str
-    consumed: Mapping[str, Fraction] = field(default_factory=dict)
+    booking: Booking
+
+    @property
+    def request(self) -> str:
+        return self.booking.request
+
+    @property
+    def share_id(self) -> str:
+        return self.booking.share_id
+
+    @property
+    def consumed(self) -> Mapping[str, Fraction]:
+        return self.booking.consumed
 
     def describe(self) -> str:
         """`claim ns/c (pod ns/p)`, or `(not reserved by any pod)`."""
@@ -72,7 +76,7 @@ class AllocatedState:
     """Who holds what, from the claims' status.allocation; shared counters from the pools' slices."""
 
     def __init__(self, index: DeviceIndex, slices: Iterable[Obj], claims: Iterable[Obj], *,
-                 driver: str = DRIVER) -> None:
+                 driver: str = DRIVER_NAME) -> None:
         self.index = index
         self.by_key: dict[DeviceKey, InventoryDevice] = {device_key(d): d for d in index.devices}
         self.holders: dict[DeviceKey, list[Holder]] = {}
@@ -95,6 +99,7 @@ class AllocatedState:
         self.counter_holders: dict[CounterKey, list[InventoryDevice]] = {}
         self._available: dict[str, dict[CounterKey, Fraction]] = {}
         self._consumed: dict[DeviceKey, dict[CounterKey, Fraction]] = {}
+        self._values: dict[tuple[DeviceKey, str], Fraction] = {}
         self._overdrawn: dict[str, list[CounterKey]] = {}
         for key in set(self.dedicated) | set(self.shared):
             device = self.by_key.get(key)
@@ -105,20 +110,13 @@ class AllocatedState:
                 self.counter_holders.setdefault(ckey, []).append(device)
 
     def _book(self, claim: Obj, driver: str) -> None:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
         ref, pods = object_ref(claim), reserved_pods(claim)
-        for result in results:
-            if not isinstance(result, Mapping) or result.get("adminAccess") or result.get("driver") != driver:
-                continue
-            key = (driver, str(result.get("pool")), str(result.get("device")))
-            consumed = {str(k): quantity(v) or Fraction(0)
-                        for k, v in (result.get("consumedCapacity") or {}).items()}
-            share = str(result.get("shareID") or "")
-            self.holders.setdefault(key, []).append(Holder(ref, pods, str(result.get("request", "")), share, consumed))
-            if share:
+        for booking in bookings(claim, driver):
+            key = booking.key
+            self.holders.setdefault(key, []).append(Holder(ref, pods, booking))
+            if booking.share_id:
                 used = self.shared.setdefault(key, {})
-                for k, v in consumed.items():
+                for k, v in booking.consumed.items():
                     used[k] = used.get(k, Fraction(0)) + v
             else:
                 self.dedicated.add(key)
@@ -138,12 +136,18 @@ class AllocatedState:
         """Capacity consumed by the shares on the device (the allocator's AggregatedCapacity)."""
         return dict(self.shared.get(device_key(device), {}))
 
+    def capacity_value(self, device: InventoryDevice, key: str) -> Fraction:
+        """The value of the device's capacity `key` (0 when it has none), parsed once per snapshot."""
+        cached = self._values.get((device_key(device), key))
+        if cached is None:
+            cached = self._values[(device_key(device), key)] = \
+                quantity((device.capacity(key) or {}).get("value")) or Fraction(0)
+        return cached
+
     def used_memory(self, device: InventoryDevice) -> Fraction:
-        """Memory held on the device: all of it when held whole, else the sum of its shares."""
-        total = quantity((device.capacity("memory") or {}).get("value")) or Fraction(0)
-        if device_key(device) in self.dedicated:
-            return total
-        return self.shared.get(device_key(device), {}).get("memory", Fraction(0))
+        """Memory held on the device: what its holders' bookings hold (all of it when one holds it whole)."""
+        total = Fraction(device.memory or 0)
+        return min(total, sum((h.booking.memory(device.memory) for h in self.holders_of(device)), Fraction(0)))
 
     def counters_available(self, pool: str) -> dict[CounterKey, Fraction]:
         """What allocated devices leave of each counter of the pool (computed once per pool)."""

@@ -13,24 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from controller.cluster.inventory import InventoryDevice
 from controller.explain.explain import ClusterView
 from controller.explain.state import AllocatedState, Holder
+from driver.quantity import format_bytes
+
+_size = partial(format_bytes, approximate=True)  # memory in tables and card maps: 40Gi, 79.6Gi
 
 Obj = dict[str, Any]
 _MIG_PARENT = re.compile(r"^(gpu-\d+)-mig-")
-GiB = 1 << 30
-
-
-def fmt_memory(n: int) -> str:
-    """`40Gi`, `79.6Gi`, `512Mi`."""
-    if n % GiB == 0:
-        return f"{n // GiB}Gi"
-    if n >= GiB:
-        return f"{n / GiB:.1f}Gi"
-    return f"{n >> 20}Mi"
 
 
 @dataclass(frozen=True)
@@ -118,13 +112,12 @@ def _mig_geometry(device: InventoryDevice) -> tuple[str, int | None, tuple[int, 
 
 
 def _segment(device: InventoryDevice, holder: Holder) -> Segment:
-    consumed = holder.consumed.get("memory")
     total = _memory(device)
     if device.device_type == "mig":
         profile, placement, slices, _ = _mig_geometry(device)
         return Segment("mig", device.name, holder.claim, holder.pods, holder.request, total, profile, placement,
                        slices)
-    amount = int(consumed) if consumed is not None else total
+    amount = int(holder.booking.memory(device.memory))
     kind = "share" if holder.share_id and amount < total else "whole"
     return Segment(kind, device.name, holder.claim, holder.pods, holder.request, amount)
 
@@ -204,7 +197,7 @@ def _gpu_json(g: GpuStatus, report: StatusReport) -> dict[str, object]:
         "allocations": [{"kind": s.kind, "device": s.device, "claim": s.claim, "pods": list(s.pods),
                          **({"podPhases": {p: (report.pod_phases or {}).get(p) for p in s.pods}}
                             if report.pod_phases is not None else {}),
-                         "request": s.request, "memoryBytes": s.memory, "memory": fmt_memory(s.memory),
+                         "request": s.request, "memoryBytes": s.memory, "memory": _size(s.memory),
                          **({"profile": s.profile, "placement": s.placement,
                              "memorySlices": list(s.slices) if s.slices else None} if s.kind == "mig" else {})}
                         for s in g.segments],
@@ -218,7 +211,7 @@ def _allocation_text(s: Segment, report: StatusReport) -> str:
     if s.kind == "mig":
         where = f" at slice {s.placement}" if s.placement is not None else ""
         return f"MIG {s.profile}{where} ({s.device})  claim {s.claim}  pod {pods}"
-    what = "whole" if s.kind == "whole" else f"share {fmt_memory(s.memory)}"
+    what = "whole" if s.kind == "whole" else f"share {_size(s.memory)}"
     return f"{what}  claim {s.claim}  pod {pods}"
 
 
@@ -249,7 +242,7 @@ def status_table(report: StatusReport) -> str:
         for g in node.gpus:
             allocations = [_allocation_text(s, report) for s in g.segments] or ["-"]
             name = g.name if g.published else f"{g.name} (MIG)"
-            rows.append((node.name if first_of_node else "", name, g.product, fmt_memory(g.memory), fmt_memory(g.free),
+            rows.append((node.name if first_of_node else "", name, g.product, _size(g.memory), _size(g.free),
                          allocations[0]))
             rows.extend(("", "", "", "", "", a) for a in allocations[1:])
             if g.mig != "none":
@@ -263,8 +256,8 @@ def status_table(report: StatusReport) -> str:
     segments = [s for g in gpus for s in g.segments]
     summary = (f"{len(report.nodes)} node(s), {len(gpus)} GPU(s): {sum(s.kind == 'whole' for s in segments)} whole, "
                f"{sum(s.kind == 'share' for s in segments)} share(s), {sum(s.kind == 'mig' for s in segments)} MIG "
-               f"instance(s) allocated; {fmt_memory(sum(g.free for g in gpus))} of "
-               f"{fmt_memory(sum(g.memory for g in gpus))} GPU memory free")
+               f"instance(s) allocated; {_size(sum(g.free for g in gpus))} of "
+               f"{_size(sum(g.memory for g in gpus))} GPU memory free")
     lines += ["", summary]
     if report.unknown:
         lines.append("allocated devices no ResourceSlice publishes any more: " + "; ".join(report.unknown))

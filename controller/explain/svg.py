@@ -3,9 +3,13 @@ segments labelled by pod, what is free in grey. Plain SVG 1.1, no scripts, no ex
 
 from __future__ import annotations
 
+from functools import partial
 from xml.sax.saxutils import escape
 
-from controller.explain.status import GpuStatus, Segment, StatusReport, fmt_memory
+from controller.explain.status import GpuStatus, Segment, StatusReport
+from driver.quantity import format_bytes
+
+_size = partial(format_bytes, approximate=True)  # memory in tables and card maps: 40Gi, 79.6Gi
 
 WIDTH = 960
 LABEL_W = 230
@@ -57,7 +61,7 @@ def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
         f'<text x="16" y="{y + 11}" class="gpu">{escape(name)}</text>',
         f'<text x="16" y="{y + 24}" class="sub">{escape(_fit(_product(g), LABEL_W - 16))}</text>',
         f'<rect x="{BAR_X}" y="{y}" width="{BAR_W}" height="{BAR_H}" class="free"><title>'
-        f"{escape(f'{g.node}/{g.name}: {fmt_memory(g.free)} of {fmt_memory(g.memory)} free')}</title></rect>",
+        f"{escape(f'{g.node}/{g.name}: {_size(g.free)} of {_size(g.memory)} free')}</title></rect>",
     ]
     for i in range(1, g.memory_slices):  # MIG memory-slice boundaries
         x = BAR_X + BAR_W * i / g.memory_slices
@@ -65,16 +69,16 @@ def _gpu(g: GpuStatus, y: float, colours: dict[str, str]) -> list[str]:
     for s, x, w in _spans(g):
         colour = _colour(colours, s.label)
         what = f"MIG {s.profile} at slice {s.placement}" if s.kind == "mig" else \
-            ("whole GPU" if s.kind == "whole" else f"{fmt_memory(s.memory)} share")
+            ("whole GPU" if s.kind == "whole" else f"{_size(s.memory)} share")
         tip = f"{g.node}/{s.device}: {what}, claim {s.claim}, pod {', '.join(s.pods) or '-'}"
         parts.append(f'<rect x="{BAR_X + x:.1f}" y="{y}" width="{max(w, 1):.1f}" height="{BAR_H}" fill="{colour}" '
                      f'class="seg"><title>{escape(tip)}</title></rect>')
         short = s.label.split("/", 1)[-1]
-        label = f"{short} {s.profile or ('' if s.kind == 'whole' else fmt_memory(s.memory))}".strip()
+        label = f"{short} {s.profile or ('' if s.kind == 'whole' else _size(s.memory))}".strip()
         text = label if _fit(label, w) == label else _fit(short, w)  # the pod before the amount
         if text:
             parts.append(f'<text x="{BAR_X + x + 4:.1f}" y="{y + 16}" class="lbl">{escape(text)}</text>')
-    free = f"{fmt_memory(g.free)} free of {fmt_memory(g.memory)}" if g.free else f"full ({fmt_memory(g.memory)})"
+    free = f"{_size(g.free)} free of {_size(g.memory)}" if g.free else f"full ({_size(g.memory)})"
     parts.append(f'<text x="{BAR_X + BAR_W + 8}" y="{y + 16}" class="freetext">{escape(free)}</text>')
     return parts
 
@@ -91,8 +95,8 @@ def status_svg(report: StatusReport, title: str = "tessera status") -> str:
             y += ROW_H
         y += 8
     gpus = [g for n in report.nodes for g in n.gpus]
-    summary = (f"{len(gpus)} GPUs on {len(report.nodes)} nodes: {fmt_memory(sum(g.free for g in gpus))} of "
-               f"{fmt_memory(sum(g.memory for g in gpus))} GPU memory free; segments are labelled by pod")
+    summary = (f"{len(gpus)} GPUs on {len(report.nodes)} nodes: {_size(sum(g.free for g in gpus))} of "
+               f"{_size(sum(g.memory for g in gpus))} GPU memory free; segments are labelled by pod")
     height = int(y + 30)
     style = (".node{font:bold 14px sans-serif;fill:#222}.gpu{font:bold 11px monospace;fill:#222}"
              ".sub{font:10px sans-serif;fill:#666}.lbl{font:11px sans-serif;fill:#fff}"

@@ -16,7 +16,7 @@ follows the same rules over tessera's syntax tree, with the static types from dr
   condition plus step (e.g. `map` appends to a list: 12 + the mapped expression per element).
 
 Only the maximum is returned (the apiserver compares the maximum). tests/driver/cel/cost_corpus.json holds
-the cases checked against the Go oracle (e2e/test_oracles.py), and tests/driver/cel/test_cel_cost.py the same
+the cases checked against the Go oracle (e2e/test_oracles.py), and tests/driver/cel/test_cost.py the same
 numbers without Go.
 """
 

@@ -47,3 +47,17 @@ def test_cluster_view_imports_no_check_and_no_entry_point(path: Path) -> None:
 def test_checks_import_no_entry_point(path: Path) -> None:
     upward = sorted(n for n in imports(path) if below(n, ENTRY_POINTS))
     assert not upward, f"controller/checks/{path.name} reaches up into {upward}"
+
+
+# The fields that say what a request asks for, read from the claim's JSON in one module only, so the checks,
+# the multi-card rewrite and `tessera explain` cannot read a claim two ways.
+SPEC_FIELDS = ('"exactly"', '"firstAvailable"', '"allocationMode"')
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "controller").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_claim_specs_are_walked_only_in_claimspec(path: Path) -> None:
+    if path.name == "claimspec.py":
+        return
+    text = path.read_text()
+    read = [f for f in SPEC_FIELDS if f".get({f}" in text or f"[{f}]" in text]
+    assert not read, f"{path.relative_to(ROOT)} reads {', '.join(read)} itself; use controller.checks.claimspec"

@@ -12,7 +12,9 @@ from driver.quantity import (
     INT64_MAX,
     Quantity,
     _go_pow10,
+    canonical_quantity,
     canonical_roundtrip,
+    format_bytes,
     parse_quantity,
     quantity_bytes,
     quantity_bytes_or_none,
@@ -393,3 +395,48 @@ def test_bytes_or_none_is_none_for_non_quantities() -> None:
     assert quantity_bytes_or_none("eighty gigs") is None
     assert quantity_bytes_or_none(None) is None
     assert quantity_bytes_or_none("80Gi") == 80 * 2**30
+
+
+# -- writing quantities: for the apiserver (canonical) and for people (format_bytes) ------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "binary", "expected"),
+    [
+        (0, False, "0"),
+        (7, False, "7"),
+        (132, False, "132"),
+        (1000, False, "1k"),
+        (1500, False, "1500"),
+        (2_000_000, False, "2M"),
+        (10**21, False, "1000E"),
+        (81559 * (1 << 20), True, "81559Mi"),
+        (80 * 2**30, True, "80Gi"),
+        (1536, True, "1536"),
+        (3000, True, "3k"),
+        (1000, True, "1k"),
+        (1024 * 1000, True, "1000Ki"),
+    ],
+)
+def test_canonical_quantity_matches_the_apiserver_serialisation(value: int, binary: bool, expected: str) -> None:
+    assert canonical_quantity(value, binary=binary) == expected
+    assert parse_quantity(expected).fraction() == value
+
+
+def test_canonical_quantity_rejects_negative_values() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        canonical_quantity(-1)
+
+
+def test_format_bytes_writes_the_shortest_exact_quantity_in_the_largest_whole_unit() -> None:
+    assert [format_bytes(n) for n in (4 << 30, 3 << 20, 1536 << 20, 1000, 0)] == ["4Gi", "3Mi", "1536Mi", "1000", "0"]
+    assert format_bytes(Fraction(1, 2)) == "0.5"  # only a request policy's rounding makes fractions
+    for n in (4 << 30, 1536 << 20, 1000):
+        assert parse_quantity(format_bytes(n)).value() == n
+
+
+def test_format_bytes_approximate_is_gib_with_one_decimal_and_mib_below_one_gib() -> None:
+    assert format_bytes(40 << 30, approximate=True) == "40Gi"
+    assert format_bytes(81559 << 20, approximate=True) == "79.6Gi"
+    assert format_bytes(512 << 20, approximate=True) == "512Mi"
+    assert format_bytes(0, approximate=True) == "0Gi"

@@ -15,7 +15,7 @@ from driver.names import NODE_LABEL
 from driver.poolvalidation import validate_pool
 from driver.quantity import parse_quantity
 from driver.simulated import builtin_profiles
-from driver.slices import SliceBuildError, build_slices, canonical_quantity
+from driver.slices import SliceBuildError, build_slices
 from tests.builders.inventory import make_gpu, make_inventory
 
 MIB = 2**20
@@ -251,34 +251,6 @@ def test_every_builtin_profile_builds_a_valid_pool(profile: str, strategy: str) 
 
 
 # -- quantities ------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "binary", "expected"),
-    [
-        (0, False, "0"),
-        (7, False, "7"),
-        (132, False, "132"),
-        (1000, False, "1k"),
-        (1500, False, "1500"),
-        (2_000_000, False, "2M"),
-        (10**21, False, "1000E"),
-        (81559 * MIB, True, "81559Mi"),
-        (80 * 2**30, True, "80Gi"),
-        (1536, True, "1536"),
-        (3000, True, "3k"),
-        (1000, True, "1k"),
-        (1024 * 1000, True, "1000Ki"),
-    ],
-)
-def test_canonical_quantity_matches_the_apiserver_serialisation(value: int, binary: bool, expected: str) -> None:
-    assert canonical_quantity(value, binary=binary) == expected
-    assert parse_quantity(expected).fraction() == value
-
-
-def test_canonical_quantity_rejects_negative_values() -> None:
-    with pytest.raises(ValueError, match="negative"):
-        canonical_quantity(-1)
 
 
 # -- names ---------------------------------------------------------------------------------------------------

@@ -13,10 +13,12 @@ from typing import Any
 
 import yaml
 
+from controller.cluster.objects import by_name
 from driver.discovery import load_inventory
-from driver.kubeapi import WatchEvent
+from driver.kubeapi import ApiError, WatchEvent
 from driver.names import slice_name
 from driver.slices import build_slices
+from tessera import clusterread
 from tests.fakes.apiserver import FakeKubeAPI
 from tests.paths import REPO
 
@@ -32,15 +34,18 @@ def device_class(name: str, *expressions: str, config: list | None = None) -> Ob
 
 
 class FakeCluster(FakeKubeAPI):
-    """One cluster for the controller's informer (watches of slices, classes, claims) and for
-    tessera.clusterread.ClusterReader's reads (`reader()`)."""
+    """One cluster for the controller's informer (watches of slices, classes, claims) and for what `tessera
+    explain`, `status` and `check` read through driver.kubeapi.RealKubeAPI (the list_* calls below; `reader()`
+    runs tessera.clusterread over them)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.classes: dict[str, Obj] = {}
         self.pod_objects: dict[tuple[str, str], Obj] = {}
         self.template_objects: dict[tuple[str, str], Obj] = {}
-        self.context_namespace = "default"
+        self.event_objects: list[Obj] = []
+        self.taint_rule_objects: list[Obj] | None = None  # None: DeviceTaintRules are not served
+        self.namespace = "default"  # the kubeconfig context's
         self.nodes_readable = True
         # watchers of classes and claims (the slice watchers are FakeKubeAPI's), for the controller's informer
         self._other_watchers: dict[str, list[queue.Queue[WatchEvent | None]]] = {"classes": [], "claims": []}
@@ -137,6 +142,42 @@ class FakeCluster(FakeKubeAPI):
     def reader(self) -> FakeReader:
         return FakeReader(self)
 
+    # -- the reads of tessera explain / status / check (RealKubeAPI's) -------------------------------------
+    def list_pods(self, namespace: str | None = None) -> Obj:
+        return {"items": [copy.deepcopy(p) for (ns, _), p in self.pod_objects.items() if namespace in (None, ns)]}
+
+    def list_nodes(self) -> Obj:
+        if not self.nodes_readable:
+            raise ApiError(403, "Forbidden", "nodes is forbidden")
+        return {"items": copy.deepcopy(list(self.nodes.values()))}
+
+    def list_resource_claim_templates(self, namespace: str) -> Obj:
+        return {"items": [copy.deepcopy(t) for (ns, _), t in self.template_objects.items() if ns == namespace]}
+
+    def list_events(self, namespace: str, field_selector: str = "") -> Obj:
+        wanted = dict(part.split("=", 1) for part in field_selector.split(",") if part)
+        fields = {"involvedObject.kind": lambda e: e["involvedObject"].get("kind"),
+                  "involvedObject.name": lambda e: e["involvedObject"].get("name"), "reason": lambda e: e.get("reason")}
+        return {"items": [copy.deepcopy(e) for e in self.event_objects
+                          if e["metadata"]["namespace"] == namespace
+                          and all(fields[k](e) == v for k, v in wanted.items())]}
+
+    def list_device_taint_rules(self) -> Obj | None:
+        return None if self.taint_rule_objects is None else {"items": copy.deepcopy(self.taint_rule_objects)}
+
+    def event(self, pod: str, reason: str, message: str, *, namespace: str = "default", count: int = 1,
+              last: str = "2026-01-01T00:00:00Z", node: str = "") -> Obj:
+        """An event about pod `pod`, as kubelet records one."""
+        obj = self.pod_objects.get((namespace, pod)) or {"metadata": {}}
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{pod}.{len(self.event_objects)}",
+                                                                   "namespace": namespace},
+                 "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace,
+                                    "uid": obj["metadata"].get("uid", "")},
+                 "reason": reason, "message": message, "type": "Warning", "count": count, "lastTimestamp": last,
+                 "source": {"component": "kubelet", "host": node}}
+        self.event_objects.append(event)
+        return event
+
     # -- list/watch of classes and claims, as the controller's informer reads them --------------------
     def watching(self) -> bool:
         """Whether a slice, a class and a claim watch are open (the fake does not replay missed events)."""
@@ -214,29 +255,28 @@ class FakeCluster(FakeKubeAPI):
 
 
 class FakeReader:
-    """tessera.clusterread.ClusterReader's reads over a FakeCluster."""
+    """tessera.clusterread's reads over a FakeCluster, for tests that build a ClusterView themselves."""
 
     def __init__(self, cluster: FakeCluster) -> None:
         self.cluster = cluster
-        self.context_namespace = cluster.context_namespace
 
     def resource_slices(self) -> list[Obj]:
-        return copy.deepcopy(list(self.cluster.slices.values()))
+        return clusterread.resource_slices(self.cluster)  # type: ignore[arg-type]
 
     def device_classes(self) -> dict[str, Obj]:
-        return copy.deepcopy(self.cluster.classes)
+        return by_name(clusterread.device_classes(self.cluster))  # type: ignore[arg-type]
 
     def resource_claims(self) -> list[Obj]:
-        return copy.deepcopy(list(self.cluster.claims.values()))
+        return clusterread.resource_claims(self.cluster)  # type: ignore[arg-type]
 
     def templates(self, namespace: str) -> list[Obj]:
-        return [copy.deepcopy(t) for (ns, _), t in self.cluster.template_objects.items() if ns == namespace]
+        return clusterread.templates(self.cluster, namespace)  # type: ignore[arg-type]
 
     def pods(self, namespace: str | None = None) -> list[Obj] | None:
-        return [copy.deepcopy(p) for (ns, _), p in self.cluster.pod_objects.items() if namespace in (None, ns)]
+        return clusterread.pods(self.cluster, namespace)  # type: ignore[arg-type]
 
     def nodes(self) -> list[Obj] | None:
-        return copy.deepcopy(list(self.cluster.nodes.values())) if self.cluster.nodes_readable else None
+        return clusterread.nodes(self.cluster)  # type: ignore[arg-type]
 
 
 def exactly(name: str = "gpu", *, device_class: str = DRIVER, count: int = 1, memory: str | None = None,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from controller.checks.multicard import ANNOTATION, Rewrite, fmt_bytes, pending_findings, rewrite_claim_spec
+from controller.checks.multicard import ANNOTATION, Rewrite, pending_findings, rewrite_claim_spec
 
 UUID = {"distinctAttribute": "gpu.tessera.dev/uuid"}
 ISLAND = {"matchAttribute": "gpu.tessera.dev/nvlinkIsland"}
@@ -463,12 +463,6 @@ def test_rewritten_claims_have_nothing_pending():
         assert pending_findings(rewritten, "spec", ours) == []
 
 
-def test_fmt_bytes():
-    assert fmt_bytes(4 << 30) == "4Gi"
-    assert fmt_bytes(1536 << 20) == "1536Mi"
-    assert fmt_bytes(1000) == "1000"
-
-
 # -- found by mutation testing (docs/reliability.md): paths the tests above did not pin down -----------
 
 
@@ -518,13 +512,6 @@ def test_another_drivers_config_keeps_its_own_total_memory():
     spec["devices"]["config"].append(foreign)
     result = rewrite_claim_spec(spec, "spec", ours)
     assert result.spec["devices"]["config"][-1] == foreign
-
-
-def test_fmt_bytes_uses_the_largest_whole_unit():
-    assert fmt_bytes(3 << 30) == "3Gi"
-    assert fmt_bytes(3 << 20) == "3Mi"
-    assert fmt_bytes(1536 << 20) == "1536Mi"
-    assert fmt_bytes(1000) == "1000"
 
 
 def test_a_tessera_alternative_after_another_drivers_one_is_still_rewritten():

@@ -287,6 +287,7 @@ def test_requests_that_each_fit_but_not_together_on_the_only_card_they_accept(cl
 def test_the_funnel_counts_what_the_webhooks_match_counts(cluster: FakeCluster) -> None:
     """Selectors and capacity go through the webhook's own code: with nothing allocated, the devices left after
     the capacity step are exactly those controller.cluster.matching.match accepts."""
+    from controller.checks.claimspec import RequestBody
     from controller.cluster.matching import Evaluator, Requirement, match
     from controller.explain.funnel import funnel
     from controller.explain.requests import request_spec
@@ -297,7 +298,7 @@ def test_the_funnel_counts_what_the_webhooks_match_counts(cluster: FakeCluster) 
               exactly(device_class="mig.gpu.tessera.dev", selectors=[f'{D}.profile.startsWith("3g")'])["exactly"],
               exactly(device_class="h100.gpu.tessera.dev", selectors=[f"{D}.numaNode == 1"])["exactly"]]
     for body in bodies:
-        spec = request_spec(body, "gpu", v.classes)
+        spec = request_spec(RequestBody("gpu", body, "spec.devices.requests[0].exactly"), v.classes)
         f = funnel(spec, v.index, None, v.state, Evaluator())
         webhook = match(Requirement(spec.all_conditions, spec.needs), v.index, Evaluator())
         assert f.step("capacity").count == webhook.total, body

@@ -86,7 +86,7 @@ def test_a_static_mig_card_is_drawn_from_its_instances(cluster: FakeCluster) -> 
 
 def test_the_table_shows_every_gpu_and_holder(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(tessera.clusterread, "ClusterReader", lambda kubeconfig=None: cluster.reader())
+    monkeypatch.setattr(tessera.clusterread, "connect", lambda kubeconfig=None: cluster)
     assert main(["--log-level", "error", "status"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -101,7 +101,7 @@ def test_the_table_shows_every_gpu_and_holder(cluster: FakeCluster, monkeypatch:
 
 def test_json_lists_allocations_per_gpu(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(tessera.clusterread, "ClusterReader", lambda kubeconfig=None: cluster.reader())
+    monkeypatch.setattr(tessera.clusterread, "connect", lambda kubeconfig=None: cluster)
     assert main(["--log-level", "error", "status", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     node_a = next(n for n in doc["nodes"] if n["name"] == "node-a")
@@ -116,7 +116,7 @@ def test_json_lists_allocations_per_gpu(cluster: FakeCluster, monkeypatch: pytes
 def test_the_svg_is_valid_and_draws_each_allocation_where_it_is(cluster: FakeCluster, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(tessera.clusterread, "ClusterReader", lambda kubeconfig=None: cluster.reader())
+    monkeypatch.setattr(tessera.clusterread, "connect", lambda kubeconfig=None: cluster)
     target = tmp_path / "cards.svg"
     assert main(["--log-level", "error", "status", "--svg", str(target)]) == 0
     assert f"card map written to {target}" in capsys.readouterr().out
@@ -144,7 +144,7 @@ def test_svg_escapes_names(cluster: FakeCluster) -> None:
 
 def test_an_unwritable_svg_path_is_a_clear_error(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    monkeypatch.setattr(tessera.clusterread, "ClusterReader", lambda kubeconfig=None: cluster.reader())
+    monkeypatch.setattr(tessera.clusterread, "connect", lambda kubeconfig=None: cluster)
     rc = main(["--log-level", "error", "status", "--svg", str(tmp_path / "missing" / "x.svg")])
     assert rc == 2
     assert "tessera status: cannot write" in capsys.readouterr().err

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import tessera.clusterread
+from driver.kubeapi import RealKubeAPI, kubeconfig_path
 from tessera.cli import main
-from tessera.clusterread import ClusterReader, ReadError, kubeconfig_path
+from tessera.clusterread import ReadError, connect, resource_slices
 from tessera.cmd_explain import parse_target
 from tests.fakes.cluster import FakeCluster, exactly
 
@@ -22,11 +23,11 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     c.shipped_classes()
     seen: list[str | None] = []
 
-    def reader(kubeconfig: str | None = None) -> object:
+    def connect(kubeconfig: str | None = None) -> object:
         seen.append(kubeconfig)
-        return c.reader()
+        return c
 
-    monkeypatch.setattr(tessera.clusterread, "ClusterReader", reader)
+    monkeypatch.setattr(tessera.clusterread, "connect", connect)
     c.kubeconfigs = seen  # type: ignore[attr-defined]
     return c
 
@@ -92,7 +93,7 @@ def test_a_bare_name_that_is_only_a_claim_is_explained_as_the_claim(cluster: Fak
 
 def test_the_namespace_defaults_to_the_context_namespace(cluster: FakeCluster,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    cluster.context_namespace = "ml"
+    cluster.namespace = "ml"
     cluster.claim("want", exactly(), namespace="ml")
     rc, out, _ = run(capsys, "claim/want")
     assert rc == 0 and out.startswith("resourceclaim ml/want")
@@ -141,7 +142,25 @@ def test_an_unreachable_apiserver_names_the_read(tmp_path: Path) -> None:
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}]}))
-    reader = ClusterReader(str(config), timeout=2)
-    assert reader.context_namespace == "ml"
+    api = connect(str(config), timeout=2)
+    assert isinstance(api, RealKubeAPI) and api.namespace == "ml" and api.source == str(config)
     with pytest.raises(ReadError, match="cannot read resourceslices"):
-        reader.resource_slices()
+        resource_slices(api)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf"])
+def test_a_search_budget_that_is_not_a_positive_number_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                  value: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, "pod/p", "--search-budget", value)
+    assert exit_info.value.code == 2
+    assert "--search-budget" in capsys.readouterr().err
+
+
+def test_the_search_budget_reaches_the_search_and_shows_in_json(cluster: FakeCluster,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.claim("want", exactly(count=2))
+    rc, out, _ = run(capsys, "resourceclaim/want", "--search-budget", "7.5", "-o", "json")
+    assert rc == 0
+    assert json.loads(out)["search"] == {"budgetSeconds": 7.5, "runs": 1, "reused": 0, "steps": 5,
+                                         "cutShort": False, "note": None}

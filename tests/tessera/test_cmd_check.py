@@ -189,7 +189,7 @@ def test_unreachable_cluster_exits_2(tmp_path):
     rc, _, err = run([write(tmp_path, "c.yaml", {"kind": "Pod", "metadata": {"name": "p"}})],
                      kubeconfig=str(kubeconfig))
     assert rc == 2
-    assert "cannot read from the cluster" in err
+    assert "cannot read resourceslices" in err
 
 
 def test_console_script_exit_status(tmp_path, slices_file):
@@ -214,7 +214,7 @@ def test_kubeconfig_reads_slices_and_classes_from_the_cluster(tmp_path, monkeypa
         s["metadata"]["name"] = f"node-k-{i}"
         cluster.create_resource_slice(s)
     cluster.add_device_class(GPU_CLASS)
-    monkeypatch.setattr("driver.kubeapi.RealKubeAPI", lambda kubeconfig: cluster)
+    monkeypatch.setattr("tessera.clusterread.connect", lambda kubeconfig: cluster)
     claims = write(
         tmp_path, "c.yaml",
         claim("a", {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}),

@@ -1,0 +1,136 @@
+"""tessera.clusterread over tessera's one client (driver.kubeapi.RealKubeAPI), against a small HTTP apiserver:
+the kubeconfig found as kubectl finds it, objects read as the apiserver's JSON (no field a generated model
+does not know is lost), optional reads that may be refused, and DeviceTaintRules from whichever version the
+cluster serves."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from driver.kubeapi import KubeConfigError, RealKubeAPI, load_client
+from tessera import clusterread as read
+
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml", "uid": "u1"},
+       "spec": {"containers": [{"name": "c", "image": "x"}]},
+       "status": {"phase": "Pending", "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-x"},
+                  "aFieldFromTheFuture": {"kept": True}}}
+EVENT = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "p.1", "namespace": "ml"},
+         "involvedObject": {"kind": "Pod", "name": "p", "uid": "u1"}, "reason": "FailedPrepareDynamicResources",
+         "message": "Failed to prepare dynamic resources: ..."}
+RULE = {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": "maintenance"},
+        "spec": {"deviceSelector": {"driver": "gpu.tessera.dev", "pool": "node-a"},
+                 "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"}}}
+
+
+class Api:
+    """Answers by path; records the queries it got."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, tuple[int, Any]] = {}
+        self.queries: dict[str, dict[str, str]] = {}
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                del format, args
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                api.queries[url.path] = {k: v[0] for k, v in parse_qs(url.query).items()}
+                code, body = api.routes.get(url.path, (404, {"kind": "Status", "code": 404, "reason": "NotFound"}))
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def kubeconfig(path: Path, server: str, namespace: str = "") -> Path:
+    context: dict[str, str] = {"cluster": "c", "user": "u"}
+    if namespace:
+        context["namespace"] = namespace
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": context}]}))
+    return path
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Api, RealKubeAPI]]:
+    api = Api()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), api.handler())
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    config = kubeconfig(tmp_path / "config", f"http://127.0.0.1:{httpd.server_address[1]}", "ml")
+    try:
+        yield api, read.connect(str(config), timeout=5)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_pods_are_read_as_the_apiservers_json(served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    api.routes["/api/v1/namespaces/ml/pods"] = (200, {"kind": "PodList", "items": [POD]})
+    assert read.pods(client, "ml") == [POD]  # extendedResourceClaimStatus and unknown fields included
+
+
+def test_prepare_events_are_asked_for_by_pod_and_reason(served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    api.routes["/api/v1/namespaces/ml/events"] = (200, {"kind": "EventList", "items": [EVENT]})
+    assert read.prepare_events(client, "ml", "p") == [EVENT]
+    assert api.queries["/api/v1/namespaces/ml/events"]["fieldSelector"] == (
+        "involvedObject.kind=Pod,involvedObject.name=p,reason=FailedPrepareDynamicResources")
+
+
+def test_taint_rules_come_from_the_first_version_served(served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    assert read.taint_rules(client) is None  # 1.36 by default: no version of DeviceTaintRule is served
+    api.routes["/apis/resource.k8s.io/v1beta2/devicetaintrules"] = (200, {"items": [RULE]})
+    assert read.taint_rules(client) == [RULE]
+    assert "/apis/resource.k8s.io/v1/devicetaintrules" in api.queries  # v1 (1.37) was asked first
+
+
+def test_optional_reads_refused_are_left_out_and_required_ones_name_the_read(
+        served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    forbidden = (403, {"kind": "Status", "code": 403, "reason": "Forbidden"})
+    api.routes["/api/v1/nodes"] = forbidden
+    api.routes["/apis/resource.k8s.io/v1/resourceclaims"] = forbidden
+    assert read.nodes(client) is None
+    with pytest.raises(read.ReadError, match="cannot read resourceclaims in all namespaces: 403"):
+        read.resource_claims(client)
+
+
+def test_the_context_namespace_and_a_merged_kubeconfig_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = kubeconfig(tmp_path / "a", "https://127.0.0.1:1", "ml")
+    other = tmp_path / "b"
+    other.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []}))
+    monkeypatch.setenv("KUBECONFIG", f"{other}:{first}")
+    loaded = load_client(None)
+    assert (loaded.namespace, loaded.source) == ("ml", f"{other}:{first}")
+
+
+def test_no_configuration_at_all_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeConfigError, match="from the in-cluster service account"):
+        RealKubeAPI()
+    with pytest.raises(read.ReadError, match="cannot load the cluster configuration"):
+        read.connect()
