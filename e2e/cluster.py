@@ -71,6 +71,8 @@ class ControlPlane:
     pki: Pki = field(default_factory=Pki.create)
     apiserver_port: int = 0
     kube: Kube | None = None
+    # An AdmissionConfiguration for kube-apiserver (e.g. a client certificate it presents to webhooks).
+    admission_control_config: Path | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -128,6 +130,8 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--endpoint-reconciler-type=none", "--allow-privileged=true",
             "--profiling=false", "-v=1", *older,
+            *([f"--admission-control-config-file={self.admission_control_config}"]
+              if self.admission_control_config else []),
         ])
         kube = Kube(self.server, self.ca_file)
 
