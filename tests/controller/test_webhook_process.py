@@ -88,7 +88,8 @@ def test_controller_serves_and_stops_on_sigterm(tmp_path):
         (["--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"], "cannot start the webhook"),
         (["--tls-cert", "x", "--tls-key", "y", "--listen", "nowhere:port"], "is not HOST:PORT"),
         (["--tls-cert", "x", "--tls-key", "y", "--probe-addr", "nowhere:port"], "is not HOST:PORT"),
-        (["--tls-cert", "x", "--tls-key", "y", "--max-reviews-per-client", "0"], "--max-reviews-per-client must be at least 1"),
+        (["--tls-cert", "x", "--tls-key", "y", "--max-reviews-per-client", "0"],
+         "--max-reviews-per-client must be at least 1"),
     ],
 )
 def test_controller_refuses_to_start_with_a_clear_error(tmp_path, args, message):
