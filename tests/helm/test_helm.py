@@ -57,6 +57,10 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
     "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
     "upgrades without overlap": ["kubeletPlugin.surgeUpgrade=false"],
+    "webhook callers: client certificate and NetworkPolicy": [
+        "webhook.clientAuth.enabled=true", "webhook.clientAuth.caBundle=PEM",
+        "webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiserverCIDRs={10.0.0.0/24}",
+    ],
 }
 
 
@@ -324,10 +328,11 @@ def test_plugin_probes_use_the_metrics_endpoint_health_check(tools):
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
 
 
-def test_controller_is_ready_only_with_synced_caches_over_its_tls_port(tools):
+def test_controller_is_ready_only_with_synced_caches_over_its_probe_port(tools):
     c = container(one(render(tools), "Deployment"))
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert "--probe-addr=:8081" in c["args"]
 
 
 def _cli_parser(subcommand: str, required_flag: str):
