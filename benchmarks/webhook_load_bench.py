@@ -179,12 +179,17 @@ def run(hostile_clients: int = 64, samples: int = 200, nodes: int = 125,
             stop = spawn.Event()
             results: Any = spawn.Queue()
             per_process = -(-hostile_clients // ATTACK_PROCESSES)
+            running = spawn.Value("i", 0)
             processes = [spawn.Process(target=_attack, args=(server.port, pem, per_process, selectors, p, stop,
-                                                              results), daemon=True)
+                                                              results, running), daemon=True)
                          for p in range(ATTACK_PROCESSES)]
             for process in processes:
                 process.start()
-            time.sleep(settle_s)  # the processes start, every attacker has a review in flight, queues fill
+            # a spawned process takes seconds to import on a busy machine: count from when all attack
+            deadline = time.monotonic() + 120
+            while running.value < len(processes) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(settle_s)  # every attacker has a review in flight, queues fill
             loaded = measure(client, samples, benign["loaded"])
             stop.set()
             outcomes: Counter[str] = Counter()
@@ -221,7 +226,7 @@ MEASURE_TIMEOUT_S = 30.0
 
 
 def _attack(port: int, pem: str, clients: int, selectors: tuple[str, ...], process: int,  # noqa: PLR0917
-            stop: Any, results: Any) -> None:
+            stop: Any, results: Any, running: Any) -> None:
     """`clients` threads sending hostile reviews back to back until `stop`; puts (outcomes, latencies)."""
     context = ssl.create_default_context(cadata=pem)
     outcomes: Counter[str] = Counter()
@@ -254,6 +259,8 @@ def _attack(port: int, pem: str, clients: int, selectors: tuple[str, ...], proce
     threads = [threading.Thread(target=attack, args=(n,), daemon=True) for n in range(clients)]
     for t in threads:
         t.start()
+    with running.get_lock():
+        running.value += 1
     for t in threads:
         t.join()
     results.put((outcomes, latencies))

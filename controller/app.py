@@ -12,7 +12,8 @@ from controller.cluster.informer import ClusterCache, ClusterReader
 from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.metrics import ControllerMetrics
-from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, CertificateStore, WebhookServer
+from controller.tlsfiles import CertificateStore
+from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, WebhookServer
 
 log = structlog.get_logger(__name__)
 
@@ -37,8 +38,11 @@ class ControllerApp:
         tls_key: str,
         listen: tuple[str, int],
         metrics_addr: tuple[str, int] | None,
+        probe_addr: tuple[str, int] | None = None,
+        client_ca: str | None = None,
         on_deadline: OnDeadline = "deny",
         max_reviews: int = MAX_REVIEWS,
+        max_reviews_per_client: int | None = None,
         review_deadline_s: float = REVIEW_DEADLINE_S,
         **cache_options: Any,
     ) -> None:
@@ -47,13 +51,15 @@ class ControllerApp:
         self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
         self.webhook = WebhookServer(
             self.handler,
-            CertificateStore(tls_cert, tls_key),
+            CertificateStore(tls_cert, tls_key, client_ca),
             listen[0],
             listen[1],
             observe=self.metrics.observe,
             ready=self.cache.synced,
             max_reviews=max_reviews,
+            max_reviews_per_client=max_reviews_per_client,
             review_deadline_s=review_deadline_s,
+            probe=probe_addr,
         )
         self._metrics_addr = metrics_addr
         self._metrics_server: Any = None

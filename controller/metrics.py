@@ -55,7 +55,8 @@ class ControllerMetrics:
         self.admissions = Counter(
             "tessera_controller_admission_requests",
             "AdmissionReviews answered, by endpoint, object kind and outcome "
-            "(allowed, warned, mutated, denied, cut-short, bad-request, too-large, error)",
+            "(allowed, warned, mutated, denied, cut-short, bad-request, too-large, error; overloaded: a 503 "
+            "with no place left, throttled: a 429 to a client over its share)",
             ["endpoint", "kind", "outcome"],
             registry=self.registry,
         )

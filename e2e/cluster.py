@@ -84,6 +84,8 @@ class ControlPlane:
     pki: Pki = field(default_factory=Pki.create)
     apiserver_port: int = 0
     kube: Kube | None = None
+    # An AdmissionConfiguration for kube-apiserver (e.g. a client certificate it presents to webhooks).
+    admission_control_config: Path | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -167,6 +169,8 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
             "--allow-privileged=true", "--profiling=false", "-v=1", *older,
+            *([f"--admission-control-config-file={self.admission_control_config}"]
+              if self.admission_control_config else []),
         ])
         if self.network:
             forwarder, self.apiserver_port = self.network.forward(

@@ -83,3 +83,20 @@ def post(conn: http.client.HTTPSConnection, path: str, body: bytes) -> tuple[int
     conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     return response.status, response.read()
+
+
+def issue_client(ca: CA, cert_path: Path, key_path: Path, common_name: str = "kube-apiserver") -> None:
+    """A client certificate (clientAuth) signed by `ca`, as the apiserver presents to webhooks."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))

@@ -416,6 +416,8 @@ def test_content_length_values(served, length: str) -> None:
             if not chunk:
                 break
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 "), f"Content-Length {length!r}: the connection closed without an answer"
+    # aiohttp's parser answers what it cannot parse with an HTTP/1.0 status line
+    assert answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), \
+        f"Content-Length {length!r}: the connection closed without an answer"
     status = int(answer[9:12])
     assert status != 500 and (status == 200 or 400 <= status < 500), answer[:200]

@@ -87,6 +87,9 @@ def test_controller_serves_and_stops_on_sigterm(tmp_path):
     [
         (["--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"], "cannot start the webhook"),
         (["--tls-cert", "x", "--tls-key", "y", "--listen", "nowhere:port"], "is not HOST:PORT"),
+        (["--tls-cert", "x", "--tls-key", "y", "--probe-addr", "nowhere:port"], "is not HOST:PORT"),
+        (["--tls-cert", "x", "--tls-key", "y", "--max-reviews-per-client", "0"],
+         "--max-reviews-per-client must be at least 1"),
     ],
 )
 def test_controller_refuses_to_start_with_a_clear_error(tmp_path, args, message):
@@ -105,3 +108,35 @@ def test_controller_with_an_unreadable_kubeconfig_exits_1(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "cannot load the Kubernetes client configuration" in err
+
+
+def test_probes_on_their_own_port_and_a_missing_client_ca_is_named(tmp_path):
+    ca = CA()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.issue(cert, key)
+    proc = controller(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca",
+                      str(tmp_path / "missing-ca.crt"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "cannot start the webhook" in err and "missing-ca.crt" in err
+
+    port, probe_port = free_port(), free_port()
+    proc = controller(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--listen", f"127.0.0.1:{port}",
+                      "--metrics-addr", "", "--probe-addr", f"127.0.0.1:{probe_port}")
+    try:
+        pause = threading.Event()
+        status = None
+        for _ in range(300):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", probe_port, timeout=2)
+                conn.request("GET", "/healthz")
+                status = conn.getresponse().status
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                pause.wait(0.1)
+        assert status == 200, proc.stderr.read() if proc.poll() is not None else "not serving"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

@@ -1,9 +1,12 @@
 """The HTTPS webhook server on a real socket: AdmissionReview round trips, TLS 1.2+, certificate
-reload, the 3 MiB limit, health endpoints. Certificates are generated per test with `cryptography`."""
+reload, the 3 MiB limit, health endpoints, the probe port and client certificates. Certificates are
+generated per test with `cryptography`."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import ssl
 
 import pytest
@@ -14,7 +17,7 @@ from controller.checks.inputs import CheckContext
 from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from controller.webhook import MAX_BODY_BYTES, CertificateStore, WebhookServer
-from tests.builders.webhook import CA, admission_review, connect, post
+from tests.builders.webhook import CA, admission_review, client_context, connect, issue_client, post
 from tests.fakes.cluster import device_class
 
 
@@ -218,3 +221,100 @@ def test_deleted_certificate_files_keep_the_loaded_pair(server, ca, tls_files):
     tls_files[0].unlink()
     tls_files[1].unlink()
     assert served_serial(server, ca) == first
+
+
+# -- the probe port ---------------------------------------------------------------------------------------
+
+
+def test_probe_port_serves_health_and_readiness_over_plain_http(tls_files):
+    ready = {"value": True}
+    srv = WebhookServer(AdmissionHandler(lambda: CheckContext(schema=published_schema(), samples=sample_index())),
+                        CertificateStore(str(tls_files[0]), str(tls_files[1])), "127.0.0.1", 0,
+                        ready=lambda: ready["value"], probe=("127.0.0.1", 0))
+    srv.start()
+    try:
+        assert srv.probe_port not in (None, srv.port)
+
+        def get(path: str, method: str = "GET") -> tuple[int, bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", srv.probe_port, timeout=5)
+            conn.request(method, path)
+            response = conn.getresponse()
+            return response.status, response.read()
+
+        assert get("/healthz") == (200, b"ok\n")
+        assert get("/readyz") == (200, b"ok\n")
+        ready["value"] = False
+        assert get("/readyz") == (503, b"inventory not synced\n")
+        status, body = get("/validate-deviceclass", "POST")  # reviews never travel this port
+        assert status == 404 and b"GET /healthz and /readyz" in body
+    finally:
+        srv.stop()
+
+
+def test_a_probe_port_in_use_is_an_error_before_start(tls_files):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            WebhookServer(AdmissionHandler(lambda: CheckContext(schema=published_schema(), samples=sample_index())),
+                          CertificateStore(str(tls_files[0]), str(tls_files[1])), "127.0.0.1", 0,
+                          probe=("127.0.0.1", taken.getsockname()[1]))
+
+
+# -- client certificates ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def authenticated(tmp_path, tls_files, ca):
+    """A server that requires a client certificate signed by `apiserver_ca` (not the serving CA)."""
+    apiserver_ca = CA()
+    ca_file = tmp_path / "client-ca.crt"
+    ca_file.write_bytes(apiserver_ca.pem())
+    srv = WebhookServer(AdmissionHandler(lambda: CheckContext(schema=published_schema(), samples=sample_index())),
+                        CertificateStore(str(tls_files[0]), str(tls_files[1]), str(ca_file)), "127.0.0.1", 0,
+                        probe=("127.0.0.1", 0))
+    srv.start()
+    yield srv, apiserver_ca
+    srv.stop()
+
+
+def review_with(server: WebhookServer, ca: CA, client: tuple | None) -> int:
+    context = client_context(ca)
+    if client is not None:
+        context.load_cert_chain(*client)
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
+    status, _ = post(conn, "/validate-deviceclass", json.dumps(admission_review(device_class("x", "true"))).encode())
+    return status
+
+
+def test_a_caller_without_a_client_certificate_is_refused(authenticated, ca):
+    server, _ = authenticated
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        review_with(server, ca, None)
+
+
+def test_a_client_certificate_from_another_ca_is_refused(authenticated, ca, tmp_path):
+    server, _ = authenticated
+    cert, key = tmp_path / "other.crt", tmp_path / "other.key"
+    issue_client(CA(), cert, key)
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        review_with(server, ca, (cert, key))
+
+
+def test_the_apiservers_client_certificate_is_reviewed_and_probes_need_none(authenticated, ca, tmp_path):
+    server, apiserver_ca = authenticated
+    cert, key = tmp_path / "apiserver.crt", tmp_path / "apiserver.key"
+    issue_client(apiserver_ca, cert, key)
+    assert review_with(server, ca, (cert, key)) == 200
+    conn = http.client.HTTPConnection("127.0.0.1", server.probe_port, timeout=5)
+    conn.request("GET", "/readyz")
+    assert conn.getresponse().status == 200
+
+
+def test_a_client_ca_file_without_a_certificate_is_an_error_naming_it(tls_files, tmp_path):
+    bad = tmp_path / "client-ca.crt"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(ssl.SSLError, match=r"client-ca\.crt holds no PEM CA certificate"):
+        CertificateStore(str(tls_files[0]), str(tls_files[1]), str(bad))
+    with pytest.raises(FileNotFoundError):
+        CertificateStore(str(tls_files[0]), str(tls_files[1]), str(tmp_path / "missing.crt"))

@@ -180,7 +180,9 @@ def test_webhook_refuses_tls_below_1_2_with_a_protocol_version_alert(webhook: An
     server, ca = webhook
     conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=_client(ca, ssl.TLSVersion[version]),
                                        timeout=10)  # fmt: skip
-    with pytest.raises(ssl.SSLError, match="ALERT_PROTOCOL_VERSION"):  # sent by the server
+    # the server refuses the handshake; asyncio's TLS layer closes without flushing the protocol_version
+    # alert, so the client sees either the alert or the connection closing mid-handshake
+    with pytest.raises(ssl.SSLError, match=r"ALERT_PROTOCOL_VERSION|UNEXPECTED_EOF"):
         conn.request("GET", "/healthz")
 
 
