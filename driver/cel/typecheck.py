@@ -9,6 +9,7 @@ mismatches), and the node types driver.cel.cost needs.
 
 from __future__ import annotations
 
+from driver.cel.environment import STORED, CelEnvironment
 from driver.cel.findings import AttributeRead, Issue, ReadKind
 from driver.cel.guards import Fact, domain_map, flatten, presence_facts
 from driver.cel.limits import MAX_DRIVER_SIZE, MAX_MAP_ENTRIES, MAX_STRING_SIZE
@@ -20,6 +21,7 @@ from driver.cel.signatures import (
     NOT_INDEXABLE,
     NUMERIC,
     OPERATOR_RESULT,
+    OPTIONAL_MACROS,
     REGEX_FUNCTIONS,
     TYPE_NAMES,
     UNCHECKED_FUNCTIONS,
@@ -28,8 +30,11 @@ from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node
 from driver.cel.typemodel import (
     ATTRIBUTE_VALUE,
     BOOL,
+    DECLARED_DYN,
     DEVICE_FIELDS,
     DYN,
+    DYN_ATTRIBUTE_VALUE,
+    DYN_CALL,
     INT,
     QUANTITY,
     UNBOUNDED,
@@ -42,8 +47,9 @@ from driver.cel.typemodel import (
 
 
 class TypeChecker:
-    def __init__(self, src: str) -> None:
+    def __init__(self, src: str, environment: CelEnvironment = STORED) -> None:
         self.src = src
+        self.environment = environment
         self.reads: list[AttributeRead] = []
         self.issues: list[Issue] = []
         self.list_index_calls: set[int] = set()
@@ -138,8 +144,8 @@ class TypeChecker:
         result = self.member_of(base, n.field, n, literal=True, facts=facts, guarded=n.test_only or n.optional)
         if n.test_only:
             return BOOL
-        if n.optional:
-            return T("optional")
+        if n.optional and result.name != "optional":
+            return T("optional", 1, value=result)
         return result
 
     def visit_index(self, n: Index, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -159,7 +165,7 @@ class TypeChecker:
             result = self.member_of(base, "*", n, literal=False, facts=facts, guarded=dynamic_guard)
             if base.name == "list" and key_t.name not in ("int", "uint", "dyn", "double"):
                 self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(list, {key_t.name})'")
-        return T("optional") if n.optional else result
+        return T("optional", 1, value=result) if n.optional and result.name != "optional" else result
 
     def member_of(self, base: T, name: str, node: Node, *, literal: bool, facts: frozenset[Fact],
                   guarded: bool) -> T:
@@ -170,6 +176,10 @@ class TypeChecker:
             if name not in DEVICE_FIELDS:
                 self.issue(offset, f"undefined field '{name}' (device has {', '.join(DEVICE_FIELDS)})")
                 return DYN
+            if name == "allowMultipleAllocations" and not self.environment.declares_allow_multiple_allocations:
+                self.issue(offset, "undefined field 'allowMultipleAllocations': a new selector may read it only "
+                                   "while the DRAConsumableCapacity feature gate is on")
+                return DYN
             return {"driver": T("string", MAX_DRIVER_SIZE), "attributes": T("attrs", MAX_MAP_ENTRIES),
                     "capacity": T("caps", MAX_MAP_ENTRIES), "allowMultipleAllocations": BOOL}[name]
         if base.name in ("attrs", "caps"):
@@ -177,11 +187,17 @@ class TypeChecker:
         if base.name in ("attrmap", "capmap"):
             kind: ReadKind = "attribute" if base.name == "attrmap" else "capacity"
             self.record(kind, base.domain or "*", name, offset=offset, guarded=guarded, facts=facts, node=node)
-            return QUANTITY if kind == "capacity" else ATTRIBUTE_VALUE
+            if kind == "capacity":
+                return QUANTITY
+            return DYN_ATTRIBUTE_VALUE if self.environment.dyn_attributes else ATTRIBUTE_VALUE
         if base.name in ("map", "dyn"):
             return DYN
         if base.name == "optional":
-            return T("optional")
+            # selecting through an optional stays optional (cel-go's optional field chaining)
+            if base.value is None:
+                return T("optional")
+            inner = self.member_of(base.value, name, node, literal=literal, facts=facts, guarded=True)
+            return inner if inner.name == "optional" else T("optional", 1, value=inner)
         if base.name == "list" and not literal:
             return T(base.elem, MAX_STRING_SIZE) if base.elem != "dyn" else DYN
         if literal and base.name not in ("dyn", "map"):
@@ -195,10 +211,10 @@ class TypeChecker:
             elem_types.add("optional-elem" if (n.optional and n.optional[i]) else literal_element_type(t))
         concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
         if len(concrete) > 1:
-            self.issue(n.offset, f"expected type '{sorted(concrete)[0]}' but found '{sorted(concrete)[1]}': "
-                                 "list literals must be homogeneous")
+            first, second = (name.rstrip("!") for name in sorted(concrete)[:2])
+            self.issue(n.offset, f"expected type '{first}' but found '{second}': list literals must be homogeneous")
         elem = concrete.pop() if len(concrete) == 1 and "dyn" not in elem_types else "dyn"
-        elem = "dyn" if elem == "any" else elem
+        elem = "dyn" if elem in ("any", DECLARED_DYN) else elem
         return T("list", len(n.elements), elem=elem)
 
     def visit_map(self, n: MapLit, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -212,8 +228,9 @@ class TypeChecker:
         for kinds, what in ((key_types, "keys"), (value_types, "values")):
             concrete = sorted(t for t in kinds if t not in ("dyn", "optional"))
             if len(concrete) > 1:
-                self.issue(n.offset, f"expected type '{concrete[0]}' but found '{concrete[1]}': map literal "
-                                     f"{what} must be homogeneous")
+                first, second = (name.rstrip("!") for name in concrete[:2])
+                self.issue(n.offset, f"expected type '{first}' but found '{second}': map literal {what} must be "
+                                     "homogeneous")
         return T("map", len(n.entries))
 
     # -- calls ------------------------------------------------------------------------------------
@@ -237,6 +254,8 @@ class TypeChecker:
             macro = self.visit_macro(n, scope, facts)
             if macro is not None:
                 return macro
+        if fn in OPTIONAL_MACROS and n.target is not None and len(n.args) == 2 and isinstance(n.args[0], Ident):
+            return self.visit_optional_macro(n, scope, facts)
         qualified = _qualified_name(n)
         if qualified is not None:
             n = Call(n.offset, qualified, n.args, None)
@@ -334,6 +353,20 @@ class TypeChecker:
             return T("list", size, elem=cel_type_name(body_types[-1]))
         return T("list" if fn == "sortBy" else "map", size)
 
+    def visit_optional_macro(self, n: Call, scope: Scope, facts: frozenset[Fact]) -> T:
+        """opt.optMap(v, f) and opt.optFlatMap(v, f): f with v bound to the optional's value."""
+        assert n.target is not None and isinstance(n.args[0], Ident)
+        target_t = self.visit(n.target, scope, facts)
+        if target_t.name not in ("optional", "dyn"):
+            self.issue(n.offset, f"found no matching overload for 'hasValue' applied to '{cel_type_name(target_t)}.()'")
+        value_t = target_t.value or DYN
+        body_t = self.visit(n.args[1], scope.child(**{n.args[0].name: value_t}), facts)
+        if n.function == "optMap":
+            return T("optional", 1, value=body_t)
+        if body_t.name not in ("optional", "dyn"):
+            self.issue(n.args[1].offset, f"optFlatMap() must return an optional, not {cel_type_name(body_t)}")
+        return body_t if body_t.name == "optional" else T("optional")
+
     @staticmethod
     def member_value_type(range_t: T) -> T:
         if range_t.name == "attrs":
@@ -360,6 +393,10 @@ class TypeChecker:
         receiver = (cel_type_name(target_t),) if target_t is not None else ()
         shapes = receiver + tuple(cel_type_name(t) for t in arg_types)
         overloads = FUNCTIONS.get(fn)
+        if fn == "includes" and not self.environment.declares_includes:
+            self.issue(n.offset, "undeclared reference to 'includes': a new selector may call it only while the "
+                                 "DRAListTypeAttributes feature gate is on")
+            return DYN
         if overloads is None:
             if fn in UNCHECKED_FUNCTIONS or fn in MACROS_1VAR | MACROS_2VAR:
                 return DYN
@@ -375,6 +412,11 @@ class TypeChecker:
             return DYN
         if fn in ("indexOf", "lastIndexOf") and shapes[0] == "list":
             self.list_index_calls.add(n.offset)
+        optional = _optional_result(fn, target_t, arg_types)
+        if optional is not None:
+            return optional
+        if fn == "dyn":
+            return DYN_CALL
         results = {o[2] for o in matching}
         result = T(results.pop()) if len(results) == 1 else DYN
         if result.name == "list" and fn in ("split", "findAll") and target_t is not None:
@@ -416,10 +458,27 @@ class TypeChecker:
         """`in` has no cross-type overloads: 0 in ["a"] does not compile."""
         element = arg_types[1].elem if cel_type_name(arg_types[1]) == "list" else "dyn"
         left = literal_element_type(arg_types[0])
-        if element not in ("dyn", left) and left not in ("dyn", "any"):
+        if element not in ("dyn", left) and left not in ("dyn", "any", DECLARED_DYN):
             self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
             return True
         return False
+
+
+def _optional_result(fn: str, target_t: T | None, arg_types: list[T]) -> T | None:
+    """The result type of the optional library's functions: optional(V) carries V through."""
+    if fn in ("optional.of", "optional.ofNonZeroValue") and arg_types:
+        return T("optional", 1, value=arg_types[0])
+    if target_t is None:
+        return None
+    if fn in ("value", "orValue") and target_t.name == "optional":
+        if target_t.value is not None:
+            return target_t.value
+        return arg_types[0] if fn == "orValue" and arg_types else DYN
+    if fn == "or" and target_t.name == "optional":
+        return target_t if target_t.value is not None else (arg_types[0] if arg_types else T("optional"))
+    if fn in ("first", "last") and target_t.name == "list":
+        return T("optional", 1, value=DYN if target_t.elem == "dyn" else T(target_t.elem, MAX_STRING_SIZE))
+    return None
 
 
 def _operator_rejects(fn: str, shapes: list[str]) -> bool:
