@@ -39,6 +39,7 @@ def analyze(src: str, ast: Node, environment: CelEnvironment = STORED) -> Analys
         dynamic_equality_calls=frozenset(a.dynamic_equality_calls),
         message_equality_calls=frozenset(a.message_equality_calls),
         constant_membership_calls=frozenset(a.constant_membership_calls),
+        optional_equality_calls=frozenset(a.optional_equality_calls),
     )
 
 
@@ -49,5 +50,5 @@ def _acceptable_result(result: T, environment: CelEnvironment) -> bool:
     if name == "bool" or result.domain == "attribute-value":
         return True
     if name == "dyn":
-        return environment.dyn_attributes or result.domain != "dyn-call"
+        return environment.dyn_attributes or result.domain not in ("dyn-call", "type-param")
     return False

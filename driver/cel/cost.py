@@ -98,7 +98,7 @@ class Coster:
         declared = declared_size(self.path(n))
         if declared is not None:
             return declared
-        if self.kind(n) in SCALARS:
+        if self.kind(n) in SCALARS or (self.kind(n) == "optional" and self.elems.get(id(n)) in SCALARS):
             return (1, 1)
         if isinstance(n, Ident) and self.scopes.get(n.name):
             return self.scopes[n.name][-1].size
@@ -491,11 +491,12 @@ class Coster:
             s = sz(args[0])
             self.sizes[id(n)] = (add(s[0], 2), add(mul(s[1], 2), 2))
             return factor(s[1], STRING_FACTOR)
-        if fn == "bytes" and len(args) == 1 and self.kind(args[0]) == "string":
+        # for an argument of unknown type cel-go charges the costliest overload: the string/bytes one
+        if fn == "bytes" and len(args) == 1 and self.kind(args[0]) in ("string", "dyn", "any"):
             s = sz(args[0])
             self.sizes[id(n)] = (s[0], mul(s[1], 4))
             return factor(s[1], STRING_FACTOR)
-        if fn == "string" and len(args) == 1 and self.kind(args[0]) == "bytes":
+        if fn == "string" and len(args) == 1 and self.kind(args[0]) in ("bytes", "dyn", "any"):
             s = sz(args[0])
             self.sizes[id(n)] = (s[0] // 4, s[1])
             return factor(s[1], STRING_FACTOR)

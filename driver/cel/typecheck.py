@@ -37,11 +37,13 @@ from driver.cel.typemodel import (
     DYN_CALL,
     INT,
     QUANTITY,
+    TYPE_PARAM,
     UNBOUNDED,
     Scope,
     T,
     cel_type_name,
     compatible,
+    is_concrete,
     literal_element_type,
 )
 
@@ -56,6 +58,7 @@ class TypeChecker:
         self.dynamic_equality_calls: set[int] = set()
         self.message_equality_calls: set[int] = set()
         self.constant_membership_calls: set[int] = set()
+        self.optional_equality_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
         self.types: dict[int, str] = {}
         self.elems: dict[int, str] = {}
@@ -75,6 +78,8 @@ class TypeChecker:
         self.types[id(n)] = "any" if t.domain == "attribute-value" else t.name
         if t.name == "list":
             self.elems[id(n)] = t.elem
+        elif t.name == "optional" and t.value is not None:
+            self.elems[id(n)] = cel_type_name(t.value)  # an optional of a scalar has a scalar's size
         return t
 
     def _visit(self, n: Node, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -412,11 +417,9 @@ class TypeChecker:
             return DYN
         if fn in ("indexOf", "lastIndexOf") and shapes[0] == "list":
             self.list_index_calls.add(n.offset)
-        optional = _optional_result(fn, target_t, arg_types)
-        if optional is not None:
-            return optional
-        if fn == "dyn":
-            return DYN_CALL
+        special = self.resolve_optional(n, target_t, arg_types) or (DYN_CALL if fn == "dyn" else None)
+        if special is not None:
+            return special
         results = {o[2] for o in matching}
         result = T(results.pop()) if len(results) == 1 else DYN
         if result.name == "list" and fn in ("split", "findAll") and target_t is not None:
@@ -427,11 +430,27 @@ class TypeChecker:
             result = T("list", max(n.args[0].value, 0), elem="int")
         return result
 
+    def resolve_optional(self, n: Call, target_t: T | None, arg_types: list[T]) -> T | None:
+        """The optional library's result types (None for other functions); a value orValue()/or() cannot
+        take is an error."""
+        unassignable = _optional_argument_mismatch(n.function, target_t, arg_types)
+        if unassignable:
+            self.issue(n.offset, f"found no matching overload for '{n.function}' applied to '{unassignable}'")
+            return DYN
+        return _optional_result(n.function, target_t, arg_types)
+
     def resolve_operator(self, n: Call, arg_types: list[T]) -> T:
         fn = n.function
         shapes = [cel_type_name(t) for t in arg_types]
         if fn in ("_==_", "_!=_"):
+            self.bind_type_parameters(n, arg_types)
             self.note_equality(n.offset, shapes)
+            if shapes == ["optional", "optional"]:
+                self.optional_equality_calls.add(n.offset)
+            mismatch = _optional_mismatch(arg_types)
+            if mismatch:
+                self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({mismatch})'")
+                return DYN
         bad = _operator_rejects(fn, shapes)
         if fn == "@in" and not bad and self.rejects_mixed_membership(n, arg_types):
             return DYN
@@ -445,6 +464,14 @@ class TypeChecker:
                 return T(first.name, sum(min(t.size, UNBOUNDED) for t in arg_types), elem=first.elem)
             return T(cel_type_name(first))
         return T(result, 1)
+
+    def bind_type_parameters(self, n: Call, arg_types: list[T]) -> None:
+        """`optional.none().value() == semver("1.0.0")`: the checker binds the free type to the other side's,
+        which the cost estimate then sees (a Semver equality is O(1))."""
+        for i, t in enumerate(arg_types):
+            other = arg_types[1 - i]
+            if t.domain == "type-param" and other.domain != "type-param":
+                self.types[id(n.args[i])] = "any" if other.domain == "attribute-value" else other.name
 
     def note_equality(self, offset: int, shapes: list[str]) -> None:
         """Records the ==/!= calls the engines must evaluate the way Go does (see engine_celexpr)."""
@@ -464,16 +491,47 @@ class TypeChecker:
         return False
 
 
+def _optional_mismatch(arg_types: list[T]) -> str:
+    """"optional_type(int), optional_type(bool)" when two optionals hold different known types, else ""."""
+    if len(arg_types) != 2 or any(t.name != "optional" or t.value is None for t in arg_types):
+        return ""
+    inner = [literal_element_type(t.value) for t in arg_types if t.value is not None]
+    if {"dyn", "any", DECLARED_DYN} & set(inner) or inner[0] == inner[1]:
+        return ""
+    return ", ".join(f"optional_type({name.rstrip('!')})" for name in inner)
+
+
+def _optional_argument_mismatch(fn: str, target_t: T | None, arg_types: list[T]) -> str:
+    """"optional_type(string).(int)" when orValue()/or() is given a value of another known type, else ""."""
+    if fn not in ("orValue", "or") or target_t is None or target_t.name != "optional" or len(arg_types) != 1:
+        return ""
+    held, given = target_t.value, arg_types[0]
+    if fn == "or":
+        if given.name != "optional":
+            return ""
+        given = given.value or DYN
+    if held is None or not is_concrete(held) or held.domain == "type-param" or not is_concrete(given) or (
+            given.domain == "type-param"):
+        return ""
+    want, got = literal_element_type(held), literal_element_type(given)
+    if want == got:
+        return ""
+    got_text = f"optional_type({got})" if fn == "or" else got
+    return f"optional_type({want}).({got_text})"
+
+
 def _optional_result(fn: str, target_t: T | None, arg_types: list[T]) -> T | None:
     """The result type of the optional library's functions: optional(V) carries V through."""
     if fn in ("optional.of", "optional.ofNonZeroValue") and arg_types:
         return T("optional", 1, value=arg_types[0])
+    if fn == "optional.none":
+        return T("optional", 1, value=TYPE_PARAM)
     if target_t is None:
         return None
     if fn in ("value", "orValue") and target_t.name == "optional":
-        if target_t.value is not None:
-            return target_t.value
-        return arg_types[0] if fn == "orValue" and arg_types else DYN
+        if fn == "orValue" and arg_types and (target_t.value is None or target_t.value.domain == "type-param"):
+            return arg_types[0]  # optional.none().orValue(V) is a V
+        return target_t.value or DYN
     if fn == "or" and target_t.name == "optional":
         return target_t if target_t.value is not None else (arg_types[0] if arg_types else T("optional"))
     if fn in ("first", "last") and target_t.name == "list":

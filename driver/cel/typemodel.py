@@ -33,6 +33,9 @@ ATTRIBUTE_VALUE = T("dyn", MAX_STRING_SIZE, domain="attribute-value")
 DYN_ATTRIBUTE_VALUE = T("dyn", max(MAX_STRING_SIZE, MAX_LIST_ATTRIBUTE_VALUES), domain="attribute-dyn")
 # The result of dyn(): statically dyn for certain (other "dyn" types here may just be unknown to tessera)
 DYN_CALL = T("dyn", MAX_STRING_SIZE, domain="dyn-call")
+# The value type of optional.none(): a type parameter the checker binds from what it meets (==, orValue),
+# dyn if nothing binds it
+TYPE_PARAM = T("dyn", MAX_STRING_SIZE, domain="type-param")
 
 
 def compatible(actual: str, expected: str) -> bool:
@@ -47,6 +50,11 @@ def cel_type_name(t: T) -> str:
 # A type declared dyn (a dyn() result, an attribute value while DRAListTypeAttributes is on), as opposed
 # to tessera's "dyn" for a type it does not infer: cel-go's homogeneous literals do not mix it with others.
 DECLARED_DYN = "dyn!"
+
+
+def is_concrete(t: T) -> bool:
+    """Whether t is a type cel-go knows exactly (not dyn, any or an unbound type parameter)."""
+    return literal_element_type(t) not in ("dyn", "any", DECLARED_DYN)
 
 
 def literal_element_type(t: T) -> str:
