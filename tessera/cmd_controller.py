@@ -6,6 +6,7 @@ import argparse
 import threading
 
 from driver.shutdown import stop_on_signals
+from tessera.celgates import add_feature_gates_argument, cel_environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "failurePolicy Fail answers a timeout; default) or allow with a warning (Ignore)")
     parser.add_argument("--max-concurrent-reviews", type=int, default=4,
                         help="reviews evaluated at once (default 4); 64 more may wait for a slot")
+    add_feature_gates_argument(parser)
     parser.add_argument("--review-deadline", type=float, default=3.0,
                         help="seconds a review may take (default 3; less when the webhook's timeoutSeconds "
                              "leaves less than 1.5 s of margin)")
@@ -40,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
         log.error("bad address", error=str(exc))
         return 2
     try:
+        environment = cel_environment(args.feature_gates)
+    except ValueError as exc:
+        log.error("bad --feature-gates", error=str(exc))
+        return 2
+    try:
         api = RealKubeAPI(args.kubeconfig)
     except Exception as exc:  # the client raises ConfigException, OSError, YAML errors alike
         log.error("cannot load the Kubernetes client configuration", kubeconfig=args.kubeconfig, error=str(exc))
@@ -48,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         app = ControllerApp(
             api, tls_cert=args.tls_cert, tls_key=args.tls_key, listen=listen,
             metrics_addr=metrics, on_deadline=args.on_deadline, max_reviews=args.max_concurrent_reviews,
-            review_deadline_s=args.review_deadline,
+            review_deadline_s=args.review_deadline, cel_environment=environment,
         )
     except ValueError as exc:
         log.error("bad webhook setting", error=str(exc))
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     app.start()
-    log.info("controller started", listen=args.listen, metrics=args.metrics_addr)
+    log.info("controller started", listen=args.listen, metrics=args.metrics_addr, cel=environment.describe())
     stop.wait()
     app.stop()
     return 0

@@ -19,12 +19,15 @@ from controller.checks.inputs import CheckContext
 from controller.cluster.devicegroups import shapes
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult
+from driver.cel.environment import STORED, CelEnvironment
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
 
-def compile_selectors(selectors: Any, path: str, owner: str) -> tuple[list[Finding], list[Condition]]:
-    """Compile `selectors` (the `selectors` list of a class or request at `path`).
+def compile_selectors(selectors: Any, path: str, owner: str,
+                      environment: CelEnvironment = STORED) -> tuple[list[Finding], list[Condition]]:
+    """Compile `selectors` (the `selectors` list of a class or request at `path`) in `environment`
+    (stored by default: selectors already in the cluster; the admission checks pass new ones).
 
     Returns the findings and a Condition per selector that compiled, in order.
     """
@@ -44,7 +47,7 @@ def compile_selectors(selectors: Any, path: str, owner: str) -> tuple[list[Findi
             findings.append(error(here, "must be a non-empty CEL expression (selectors: [{cel: {expression: ...}}])"))
             continue
         try:
-            compiled = compile_selector(expression)
+            compiled = compile_selector(expression, environment=environment)
         except CelCompileError as exc:
             # str(exc) is "compilation failed at column N: message" plus the expression with a caret
             findings.append(error(here, str(exc)))

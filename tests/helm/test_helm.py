@@ -885,3 +885,21 @@ def test_chart_health_values_render_to_a_policy_equal_to_the_built_in_one_and_fo
     assert policy() == HealthPolicy()
     changed = policy("kubeletPlugin.health.taints.xid.effect=NoExecute", "kubeletPlugin.health.ignoredXids={13}")
     assert changed.rules[EventClass.XID].effect == "NoExecute" and changed.ignored_xids == frozenset({13})
+
+
+@pytest.mark.parametrize(("sets", "flag"), [
+    ([], "--feature-gates=DRAConsumableCapacity=true,DRAListTypeAttributes=false"),
+    (["controller.featureGates.DRAListTypeAttributes=true"],
+     "--feature-gates=DRAConsumableCapacity=true,DRAListTypeAttributes=true"),
+])  # fmt: skip
+def test_controller_compiles_selectors_with_the_clusters_feature_gates(tools, sets, flag):
+    args = container(one(render(tools, *sets), "Deployment"))["args"]
+    assert flag in args
+    parsed = _cli_parser("controller", "--feature-gates").parse_args(args)
+    from tessera.celgates import cel_environment
+
+    assert cel_environment(parsed.feature_gates).list_type_attributes is ("DRAListTypeAttributes=true" in flag)
+
+
+def test_an_unknown_feature_gate_in_values_is_refused_by_the_schema(tools):
+    assert "featureGates" in render_error(tools, "controller.featureGates.DRAPrioritizedList=true")
