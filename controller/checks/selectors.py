@@ -119,6 +119,7 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
     findings: list[Finding] = []
     for i in range(first, len(conditions)):
         condition = conditions[i]
+        findings.extend(_when_known_warnings(condition, ctx, used_by))
         risky = [
             r
             for r in condition.selector.reads
@@ -140,6 +141,27 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
         except EvaluationSkipped as skip:
             findings.append(skipped_finding(skip))
     return findings
+
+
+def _when_known_warnings(condition: Condition, ctx: CheckContext, used_by: str) -> list[Finding]:
+    """Unguarded reads of attributes tessera publishes only where their value is known (the standard
+    numaNode): fine on the devices that have one, a runtime error on a GPU whose platform reports none.
+    Where a live device lacks it, the evaluation against the cluster reports that error instead."""
+    out = []
+    live = ctx.inventory.devices if ctx.inventory is not None else ()
+    for read in condition.selector.reads:
+        if read.kind != "attribute" or read.guarded or (read.domain, read.name) not in ctx.schema.when_known:
+            continue
+        if any(device.attribute(read.domain, read.name) is None for device in live):
+            continue
+        attrs = f'device.attributes["{read.domain}"]'
+        out.append(warning(
+            condition.path,
+            f'reads "{read.domain}/{read.name}" (column {read.column}) without a guard, but tessera publishes it only '
+            f"on GPUs whose platform reports a value: on any other the selector fails at runtime, which aborts "
+            f'scheduling of every pod using {used_by}. Guard it ("{read.name}" in {attrs} && ...) or read '
+            f"{attrs}.?{read.name}.orValue(-1); {DRIVER}'s own {read.name} is -1 there"))
+    return out
 
 
 def skipped_finding(skip: EvaluationSkipped) -> Finding:
