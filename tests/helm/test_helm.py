@@ -57,6 +57,8 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
     "cleanup on exit, debug logs": ["kubeletPlugin.cleanupOnExit=true", "logLevel=debug"],
     "claim status writes": ["kubeletPlugin.rbac.writeClaimStatus=true"],
     "upgrades without overlap": ["kubeletPlugin.surgeUpgrade=false"],
+    "apiserver with DRAListTypeAttributes on": ["controller.featureGates.DRAListTypeAttributes=true"],
+    "apiserver with DRAConsumableCapacity off": ["controller.featureGates.DRAConsumableCapacity=false"],
 }
 
 
