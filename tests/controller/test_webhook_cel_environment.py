@@ -14,9 +14,12 @@ import yaml
 
 from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
+from controller.cluster.inventory import DeviceIndex
 from controller.cluster.sampledevices import sample_index
 from controller.cluster.schema import published_schema
 from driver.cel import NEW, CelEnvironment
+from driver.discovery import load_inventory
+from driver.slices import build_slices
 from tests.builders.admission import GPU_CLASS, D, claim, review
 from tests.fakes.cluster import device_class
 
@@ -84,14 +87,18 @@ def test_allow_multiple_allocations_needs_consumable_capacity_in_a_new_selector(
 
 
 def test_a_claim_compiles_its_own_selectors_as_new_and_its_class_as_stored() -> None:
-    stored_class = device_class("incl.gpu.tessera.dev", INCLUDES)
-    ctx = CheckContext(schema=published_schema(), samples=sample_index(), classes_complete=True,
+    # the stored class's includes() compiles (so it rules out every device here, which the claim hears
+    # about), while the claim's own includes() is new and rejected
+    index = DeviceIndex.from_slices(build_slices(load_inventory("node-a", simulate="dgx-h100-8"), mig_strategy="none"))
+    stored_class = device_class("incl.gpu.tessera.dev", f'{D}.type.includes("mig")')
+    ctx = CheckContext(schema=published_schema(), samples=sample_index(), inventory=index, classes_complete=True,
                        classes={"incl.gpu.tessera.dev": stored_class, "gpu.tessera.dev": GPU_CLASS})
     webhook = AdmissionHandler(lambda: copy.copy(ctx))
     uses_class = claim({"devices": {"requests": [
         {"name": "g", "exactly": {"deviceClassName": "incl.gpu.tessera.dev"}}]}})
     body, _ = webhook.review("/validate-resourceclaim", review(uses_class))
     assert body["response"]["allowed"] is True, message(body)
+    assert any('request "g" matches none of the 8' in w for w in body["response"]["warnings"])
     own_selector = claim({"devices": {"requests": [{"name": "g", "exactly": {
         "deviceClassName": "gpu.tessera.dev", "selectors": [{"cel": {"expression": INCLUDES}}]}}]}})
     body, _ = webhook.review("/validate-resourceclaim", review(own_selector))
