@@ -2,7 +2,8 @@
 and how findings become `allowed`, `status.message`, `warnings` and a JSONPatch.
 
 - /validate-deviceclass: DeviceClass CREATE, and UPDATE when the spec changed (like the apiserver, an
-  unchanged class is not re-judged, so metadata edits of an old class never fail).
+  unchanged class is not re-judged, so metadata edits of an old class never fail). Selectors compile in
+  the new-expressions CEL environment, or in the stored one when an update leaves them as they were.
 - /validate-resourceclaim: ResourceClaim and ResourceClaimTemplate CREATE (their spec is immutable, so
   UPDATEs, e.g. status writes and finalizer removal, are always allowed).
 - /mutate-resourceclaim: the multi-card rewrite on CREATE; it denies only what it cannot rewrite.
@@ -146,7 +147,11 @@ class AdmissionHandler:
             old = request.get("oldObject")
             if operation == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
                 return Verdict(True, kind=kind)
-            return _judged(check_device_class(obj, self._checks(deadline)).findings, kind, display_name(obj))
+            ctx = self._checks(deadline)
+            if operation == "UPDATE" and isinstance(old, dict) and _selectors(old) == _selectors(obj):
+                # the apiserver compiles selectors an update leaves as they were as stored expressions
+                ctx.cel_environment = ctx.cel_environment.stored_expressions()
+            return _judged(check_device_class(obj, ctx).findings, kind, display_name(obj))
         if kind not in CLAIM_KINDS:
             note = f"{endpoint} expects ResourceClaim or ResourceClaimTemplate, got {kind}"
             return Verdict(True, warnings=(note,), kind=kind)
@@ -180,6 +185,12 @@ def _mutation(obj: Obj, spec: Any, path: str, kind: str, ctx: CheckContext) -> V
     else:
         patch.append({"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: result.annotation()}})
     return Verdict(True, patch=tuple(patch), kind=kind)
+
+
+def _selectors(obj: Obj) -> Any:
+    """spec.selectors, with a missing list equal to an empty one (as Semantic.DeepEqual has it)."""
+    spec = obj.get("spec")
+    return (spec.get("selectors") if isinstance(spec, dict) else None) or []
 
 
 def _explain_target(obj: Obj, kind: str, namespace: str) -> str:

@@ -14,6 +14,7 @@ from controller.cluster.schema import published_schema
 from controller.metrics import ControllerMetrics
 from controller.tlsfiles import CertificateStore
 from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, WebhookServer
+from driver.cel.environment import NEW, CelEnvironment
 
 log = structlog.get_logger(__name__)
 
@@ -44,8 +45,10 @@ class ControllerApp:
         max_reviews: int = MAX_REVIEWS,
         max_reviews_per_client: int | None = None,
         review_deadline_s: float = REVIEW_DEADLINE_S,
+        cel_environment: CelEnvironment = NEW,
         **cache_options: Any,
     ) -> None:
+        self.cel_environment = cel_environment.new_expressions()
         self.cache = ClusterCache(api, **cache_options)
         self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
         self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
@@ -72,6 +75,7 @@ class ControllerApp:
             inventory=self.cache.index() if synced else None,
             classes=self.cache.device_classes() if synced else {},
             classes_complete=synced,
+            cel_environment=self.cel_environment,
         )
 
     def start(self) -> None:

@@ -2,7 +2,9 @@
 
 Every device of a given `type` carries the complete set of attributes listed for that type in
 `DEVICE_ATTRIBUTES`, so a CEL selector that tests `type` first can never hit a missing key (a missing
-key is a scheduling-wide runtime error, not `false`). Values are converted into what the
+key is a scheduling-wide runtime error, not `false`). The one exception is in `WHEN_KNOWN_ATTRIBUTES`:
+the standard `resource.kubernetes.io/numaNode`, which Kubernetes has drivers omit where the platform
+reports no NUMA node (KEP-6072); tessera's own `numaNode` is always there (-1 then). Values are converted into what the
 resource.k8s.io/v1 API accepts: strings of at most 64 bytes and strict semver versions.
 docs/attributes.md is the user-facing reference for this module.
 """
@@ -26,6 +28,7 @@ DeviceType = Literal["gpu", "mig"]
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 
 MAX_STRING_BYTES = 64
 
@@ -60,6 +63,12 @@ _MIG_ONLY: dict[str, tuple[ValueKind, str]] = {
 DEVICE_ATTRIBUTES: dict[str, dict[str, tuple[ValueKind, str]]] = {
     "gpu": {**_COMMON, **_GPU_ONLY},
     "mig": {**_COMMON, **_MIG_ONLY},
+}
+
+# Published on every device of both types where the value is known, and omitted where it is not.
+WHEN_KNOWN_ATTRIBUTES: dict[str, tuple[ValueKind, str]] = {
+    NUMA_NODE: ("int", "NUMA node of the GPU's PCI device (the Kubernetes-standard name, KEP-6072); absent when "
+                       "the platform reports none"),
 }
 
 # Published capacities (the same on both device types): name -> description.
@@ -164,7 +173,7 @@ def gpu_attributes(inventory: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
             "nvlinkPeers": _value("int", gpu.nvlink_peers),
         }
     )
-    return _in_schema_order("gpu", attrs)
+    return _with_known(gpu, _in_schema_order("gpu", attrs))
 
 
 def mig_attributes(inventory: Inventory, gpu: Gpu, profile: str, placement: int) -> dict[str, dict[str, Any]]:
@@ -178,7 +187,14 @@ def mig_attributes(inventory: Inventory, gpu: Gpu, profile: str, placement: int)
             "parentUUID": _value("string", clip_string(gpu.uuid, f"{path}.uuid")),
         }
     )
-    return _in_schema_order("mig", attrs)
+    return _with_known(gpu, _in_schema_order("mig", attrs))
+
+
+def _with_known(gpu: Gpu, attrs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`attrs` plus the WHEN_KNOWN_ATTRIBUTES this GPU has a value for."""
+    if gpu.numa_node >= 0:
+        attrs[NUMA_NODE] = _value("int", gpu.numa_node)
+    return attrs
 
 
 def _in_schema_order(device_type: DeviceType, attrs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ Profile format (YAML; unknown fields are errors, so a typo never silently change
         multiprocessors: 132
         pciBusId: ["0000:18:00.0", ...]        # optional: one value, or a list of `count` values
         pcieRoot: ["pci0000:15", ...]          # optional: one value, or a list of `count` values
-        numaNode: [0, 0, 0, 0, 1, 1, 1, 1]     # optional: one value for all, or a list of `count` values
+        numaNode: [0, 0, 0, 0, 1, 1, 1, 1]     # optional: one value for all, or a list; -1 = the platform reports none
         minor: [0, 1, 2, 3, 4, 5, 6, 7]        # optional: one value, or a list of `count` values
         migCapable: true                       # optional, default false
         migEnabled: false                      # optional, default false (current MIG mode)

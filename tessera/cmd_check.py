@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from driver.cel.environment import NEW, CelEnvironment
 from driver.errors import InvalidInputError
+from tessera.celgates import add_feature_gates_argument, cel_environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slices", metavar="FILE", help="ResourceSlices to match against (e.g. `tessera inventory -o yaml` output)"
     )
     source.add_argument("--kubeconfig", metavar="K", help="read ResourceSlices and DeviceClasses from this cluster")
+    add_feature_gates_argument(parser)
 
 
 def load_documents(path: str) -> list[tuple[str, Any]]:
@@ -51,10 +54,17 @@ def load_documents(path: str) -> list[tuple[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return check_files(args.files, slices=args.slices, kubeconfig=args.kubeconfig, out=sys.stdout, err=sys.stderr)
+    try:
+        environment = cel_environment(args.feature_gates)
+    except ValueError as exc:
+        sys.stderr.write(f"tessera check: --feature-gates: {exc}\n")
+        return 2
+    return check_files(args.files, slices=args.slices, kubeconfig=args.kubeconfig, out=sys.stdout, err=sys.stderr,
+                       environment=environment)
 
 
-def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
+def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None, out: TextIO, err: TextIO,
+                environment: CelEnvironment = NEW) -> int:
     from controller.checks.inputs import CheckContext
     from controller.cluster.inventory import DeviceIndex
     from controller.cluster.sampledevices import sample_index
@@ -63,7 +73,7 @@ def check_files(files: list[str], *, slices: str | None, kubeconfig: str | None,
 
     try:
         objects = flatten(doc for f in files for doc in load_documents(f))
-        ctx = CheckContext(schema=published_schema(), samples=sample_index())
+        ctx = CheckContext(schema=published_schema(), samples=sample_index(), cel_environment=environment)
         if slices:
             items = [o.obj for o in flatten(load_documents(slices)) if o.obj.get("kind") in ("ResourceSlice", None)]
             ctx.inventory = DeviceIndex.from_slices(items)

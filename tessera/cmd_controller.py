@@ -6,6 +6,7 @@ import argparse
 import threading
 
 from driver.shutdown import stop_on_signals
+from tessera.celgates import add_feature_gates_argument, cel_environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-reviews-per-client", type=int, default=None,
                         help="running and waiting reviews one client address may hold; more get an HTTP 429 "
                              "(default: half of the running and waiting places)")
+    add_feature_gates_argument(parser)
     parser.add_argument("--review-deadline", type=float, default=3.0,
                         help="seconds a review may take (default 3; less when the webhook's timeoutSeconds "
                              "leaves less than 1.5 s of margin)")
@@ -56,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
             log.error("bad webhook setting", error=f"{flag} must be at least 1, got {value}")
             return 2
     try:
+        environment = cel_environment(args.feature_gates)
+    except ValueError as exc:
+        log.error("bad --feature-gates", error=str(exc))
+        return 2
+    try:
         api = RealKubeAPI(args.kubeconfig)
     except Exception as exc:  # the client raises ConfigException, OSError, YAML errors alike
         log.error("cannot load the Kubernetes client configuration", kubeconfig=args.kubeconfig, error=str(exc))
@@ -65,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             api, tls_cert=args.tls_cert, tls_key=args.tls_key, listen=listen,
             metrics_addr=metrics, probe_addr=probe, client_ca=args.client_ca or None, on_deadline=args.on_deadline,
             max_reviews=args.max_concurrent_reviews, max_reviews_per_client=args.max_reviews_per_client,
-            review_deadline_s=args.review_deadline,
+            review_deadline_s=args.review_deadline, cel_environment=environment,
         )
     except ValueError as exc:
         log.error("bad webhook setting", error=str(exc))
@@ -78,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     app.start()
-    log.info("controller started", listen=args.listen, metrics=args.metrics_addr, probes=args.probe_addr or None)
+    log.info("controller started", listen=args.listen, metrics=args.metrics_addr, probes=args.probe_addr or None,
+             cel=environment.describe())
     stop.wait()
     app.stop()
     return 0

@@ -133,7 +133,7 @@ def _check_request(request: RequestBody, ctx: CheckContext, findings: list[Findi
     cls = ctx.classes.get(class_name)
     class_conds: list[Condition] = []
     if cls is not None:
-        _, class_conds = class_conditions(dict(cls))
+        _, class_conds = class_conditions(dict(cls), ctx.cel_environment.stored_expressions())
     elif ctx.classes_complete:
         near = _near_tessera_class(ctx, class_name)
         suggestion = f'did you mean "{near}"? ' if near else ""
@@ -155,7 +155,8 @@ def _check_request(request: RequestBody, ctx: CheckContext, findings: list[Findi
     findings.extend(toleration_findings(body, path, ctx))
     used_by = "this claim"
     before = len(findings)
-    compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"')
+    compile_errors, request_conds = compile_selectors(body.get("selectors"), f"{path}.selectors", f'request "{name}"',
+                                                      ctx.cel_environment)
     findings.extend(compile_errors)
     for condition in request_conds:
         findings.extend(schema_findings(condition, ctx))

@@ -18,6 +18,7 @@ from controller.checks.selectors import (
     skipped_finding,
 )
 from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult, Requirement, match
+from driver.cel.environment import STORED, CelEnvironment
 
 Obj = dict[str, Any]
 
@@ -30,13 +31,13 @@ class ClassReport:
     match: MatchResult | None = None  # None when there is no inventory to match against
 
 
-def class_conditions(obj: Obj) -> tuple[list[Finding], list[Condition]]:
-    """The class's selectors compiled, labelled with the class name."""
+def class_conditions(obj: Obj, environment: CelEnvironment = STORED) -> tuple[list[Finding], list[Condition]]:
+    """The class's selectors compiled in `environment` (stored: a class in the cluster), labelled with its name."""
     name = str((obj.get("metadata") or {}).get("name", ""))
     spec = obj.get("spec") or {}
     if not isinstance(spec, dict):
         return [error("spec", f"must be an object, got {type(spec).__name__}")], []
-    return compile_selectors(spec.get("selectors"), "spec.selectors", f'DeviceClass "{name}"')
+    return compile_selectors(spec.get("selectors"), "spec.selectors", f'DeviceClass "{name}"', environment)
 
 
 def _created(obj: Obj) -> str:
@@ -87,7 +88,7 @@ def check_device_class(obj: Obj, ctx: CheckContext) -> ClassReport:
     if not class_targets_tessera(obj):
         return ClassReport(name, False, tuple(extended_resource_findings(obj, ctx)))
     spec = obj.get("spec") or {}
-    findings, conditions = class_conditions(obj)
+    findings, conditions = class_conditions(obj, ctx.cel_environment)
     if not isinstance(spec, dict):
         return ClassReport(name, True, tuple(findings))
     used_by = f'DeviceClass "{name}"'

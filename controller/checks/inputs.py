@@ -11,6 +11,7 @@ from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.matching import Evaluator
 from controller.cluster.schema import AttributeSchema
+from driver.cel.environment import NEW, CelEnvironment
 
 Obj = dict[str, Any]
 
@@ -19,7 +20,9 @@ Obj = dict[str, Any]
 class CheckContext:
     """Inputs of one check run. `inventory` None means "no inventory known": matching is skipped rather
     than warning that everything matches nothing. `classes_complete` says whether `classes` is the
-    cluster's full set (a class missing from it does not exist) or only what the user gave."""
+    cluster's full set (a class missing from it does not exist) or only what the user gave.
+    `cel_environment` compiles the selectors being checked: new expressions (with the cluster's DRA
+    feature gates) unless they are already stored, as the apiserver decides."""
 
     schema: AttributeSchema
     samples: DeviceIndex
@@ -27,6 +30,7 @@ class CheckContext:
     classes: Mapping[str, Obj] = field(default_factory=dict)
     classes_complete: bool = False
     evaluator: Evaluator = field(default_factory=Evaluator)
+    cel_environment: CelEnvironment = NEW
 
     def targets_tessera(self, class_name: str) -> bool:
         """Whether requests for `class_name` are tessera's to check: one of its class names, or a class

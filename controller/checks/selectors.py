@@ -20,12 +20,15 @@ from controller.cluster.devicegroups import shapes
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.matching import Condition, EvaluationSkipped, MatchResult
 from driver import DRIVER_NAME
+from driver.cel.environment import STORED, CelEnvironment
 
 _ORVALUE_DEFAULT = {"string": '""', "int": "0", "bool": "false", "version": 'semver("0.0.0")'}
 
 
-def compile_selectors(selectors: Any, path: str, owner: str) -> tuple[list[Finding], list[Condition]]:
-    """Compile `selectors` (the `selectors` list of a class or request at `path`).
+def compile_selectors(selectors: Any, path: str, owner: str,
+                      environment: CelEnvironment = STORED) -> tuple[list[Finding], list[Condition]]:
+    """Compile `selectors` (the `selectors` list of a class or request at `path`) in `environment`
+    (stored by default: selectors already in the cluster; the admission checks pass new ones).
 
     Returns the findings and a Condition per selector that compiled, in order.
     """
@@ -45,7 +48,7 @@ def compile_selectors(selectors: Any, path: str, owner: str) -> tuple[list[Findi
             findings.append(error(here, "must be a non-empty CEL expression (selectors: [{cel: {expression: ...}}])"))
             continue
         try:
-            compiled = compile_selector(expression)
+            compiled = compile_selector(expression, environment=environment)
         except CelCompileError as exc:
             # str(exc) is "compilation failed at column N: message" plus the expression with a caret
             findings.append(error(here, str(exc)))
@@ -117,6 +120,7 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
     findings: list[Finding] = []
     for i in range(first, len(conditions)):
         condition = conditions[i]
+        findings.extend(_when_known_warnings(condition, ctx, used_by))
         risky = [
             r
             for r in condition.selector.reads
@@ -138,6 +142,27 @@ def guard_findings(conditions: Sequence[Condition], first: int, ctx: CheckContex
         except EvaluationSkipped as skip:
             findings.append(skipped_finding(skip))
     return findings
+
+
+def _when_known_warnings(condition: Condition, ctx: CheckContext, used_by: str) -> list[Finding]:
+    """Unguarded reads of attributes tessera publishes only where their value is known (the standard
+    numaNode): fine on the devices that have one, a runtime error on a GPU whose platform reports none.
+    Where a live device lacks it, the evaluation against the cluster reports that error instead."""
+    out = []
+    live = ctx.inventory.devices if ctx.inventory is not None else ()
+    for read in condition.selector.reads:
+        if read.kind != "attribute" or read.guarded or (read.domain, read.name) not in ctx.schema.when_known:
+            continue
+        if any(device.attribute(read.domain, read.name) is None for device in live):
+            continue
+        attrs = f'device.attributes["{read.domain}"]'
+        out.append(warning(
+            condition.path,
+            f'reads "{read.domain}/{read.name}" (column {read.column}) without a guard, but tessera publishes it only '
+            f"on GPUs whose platform reports a value: on any other the selector fails at runtime, which aborts "
+            f'scheduling of every pod using {used_by}. Guard it ("{read.name}" in {attrs} && ...) or read '
+            f"{attrs}.?{read.name}.orValue(-1); {DRIVER_NAME}'s own {read.name} is -1 there"))
+    return out
 
 
 def skipped_finding(skip: EvaluationSkipped) -> Finding:

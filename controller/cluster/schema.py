@@ -40,6 +40,8 @@ class AttributeSchema:
     by_type: Mapping[str, frozenset[QualifiedName]]
     kinds: Mapping[QualifiedName, str]  # value kind: int, bool, string, version
     capacities: tuple[str, ...] = CAPACITY_NAMES
+    # published on devices of every type, but only where the value is known (driver.attributes.WHEN_KNOWN_ATTRIBUTES)
+    when_known: frozenset[QualifiedName] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.by_type:
@@ -102,7 +104,8 @@ def schema_from_table(table: Mapping[str, Mapping[str, tuple[str, str]]]) -> Att
 @cache
 def published_schema() -> AttributeSchema:
     """The schema of the attributes this build of tessera publishes."""
-    from driver.attributes import DEVICE_ATTRIBUTES, DEVICE_CAPACITIES
+    from driver.attributes import DEVICE_ATTRIBUTES, DEVICE_CAPACITIES, WHEN_KNOWN_ATTRIBUTES
 
-    schema = schema_from_table(DEVICE_ATTRIBUTES)
-    return AttributeSchema(by_type=schema.by_type, kinds=schema.kinds, capacities=tuple(DEVICE_CAPACITIES))
+    schema = schema_from_table({t: {**attrs, **WHEN_KNOWN_ATTRIBUTES} for t, attrs in DEVICE_ATTRIBUTES.items()})
+    return AttributeSchema(by_type=schema.by_type, kinds=schema.kinds, capacities=tuple(DEVICE_CAPACITIES),
+                           when_known=frozenset(split_qualified(key) for key in WHEN_KNOWN_ATTRIBUTES))

@@ -16,17 +16,18 @@ Kubernetes limits. This module runs them in order.
 from __future__ import annotations
 
 from driver.cel.cost import estimate as estimate_cost
+from driver.cel.environment import STORED, CelEnvironment
 from driver.cel.findings import Analysis
 from driver.cel.syntax import Node
 from driver.cel.typecheck import TypeChecker
-from driver.cel.typemodel import Scope, cel_type_name
+from driver.cel.typemodel import Scope, T, cel_type_name
 
 
-def analyze(src: str, ast: Node) -> Analysis:
-    a = TypeChecker(src)
+def analyze(src: str, ast: Node, environment: CelEnvironment = STORED) -> Analysis:
+    a = TypeChecker(src, environment)
     result = a.visit(ast, Scope(), frozenset())
     result_name = cel_type_name(result)
-    if result_name not in ("bool", "dyn"):
+    if not _acceptable_result(result, environment):
         a.issue(ast.offset, f"must evaluate to bool or the unknown type, not {result_name}")
     cost_int = estimate_cost(ast, a.types, a.elems)
     return Analysis(
@@ -38,4 +39,16 @@ def analyze(src: str, ast: Node) -> Analysis:
         dynamic_equality_calls=frozenset(a.dynamic_equality_calls),
         message_equality_calls=frozenset(a.message_equality_calls),
         constant_membership_calls=frozenset(a.constant_membership_calls),
+        optional_equality_calls=frozenset(a.optional_equality_calls),
     )
+
+
+def _acceptable_result(result: T, environment: CelEnvironment) -> bool:
+    """bool, or the attribute value type: `any`, or `dyn` while DRAListTypeAttributes is on. tessera's
+    "dyn" also stands for types it does not infer, so only a dyn() result is known to be dyn."""
+    name = cel_type_name(result)
+    if name == "bool" or result.domain == "attribute-value":
+        return True
+    if name == "dyn":
+        return environment.dyn_attributes or result.domain not in ("dyn-call", "type-param")
+    return False

@@ -98,7 +98,7 @@ class Coster:
         declared = declared_size(self.path(n))
         if declared is not None:
             return declared
-        if self.kind(n) in SCALARS:
+        if self.kind(n) in SCALARS or (self.kind(n) == "optional" and self.elems.get(id(n)) in SCALARS):
             return (1, 1)
         if isinstance(n, Ident) and self.scopes.get(n.name):
             return self.scopes[n.name][-1].size
@@ -220,6 +220,9 @@ class Coster:
         macro = self.cost_macro(n)
         if macro is not None:
             return macro
+        if fn in ("optMap", "optFlatMap") and n.target is not None and len(n.args) == 2 and isinstance(
+                n.args[0], Ident):
+            return self.cost_optional_macro(n, n.target, n.args[0].name, n.args[1])
         if fn in ("_&&_", "_||_"):
             return add(self.cost(n.args[0]), self.cost(n.args[1]))
         if fn == "_?_:_":
@@ -292,6 +295,19 @@ class Coster:
         else:
             self.sizes[id(n)] = (1, 1)
         return total
+
+    def cost_optional_macro(self, n: Call, target: Node, name: str, body: Node) -> int:
+        """opt.optMap(v, f) is charged as cel-go expands it: opt.hasValue() ? optional.of(<bind v to
+        opt.value() in f>) : optional.none(), the target counted in both places; optFlatMap has no
+        optional.of. The bound value's size is unknown (value() has no path)."""
+        condition = add(self.cost(target), 1)
+        bound = add(LIST_CREATE, add(self.cost(target), 1))
+        self.push(name, _Local((), None, None))
+        mapped = add(bound, self.cost(body))
+        self.pop(name)
+        if n.function == "optMap":
+            mapped = add(mapped, 1)
+        return add(condition, max(mapped, 1))
 
     def cost_sort_by(self, n: Call, name: str, key: Node) -> int:
         # cel.bind(in, target, in.@sortByAssociatedKeys(in.map(name, key)))
@@ -475,11 +491,12 @@ class Coster:
             s = sz(args[0])
             self.sizes[id(n)] = (add(s[0], 2), add(mul(s[1], 2), 2))
             return factor(s[1], STRING_FACTOR)
-        if fn == "bytes" and len(args) == 1 and self.kind(args[0]) == "string":
+        # for an argument of unknown type cel-go charges the costliest overload: the string/bytes one
+        if fn == "bytes" and len(args) == 1 and self.kind(args[0]) in ("string", "dyn", "any"):
             s = sz(args[0])
             self.sizes[id(n)] = (s[0], mul(s[1], 4))
             return factor(s[1], STRING_FACTOR)
-        if fn == "string" and len(args) == 1 and self.kind(args[0]) == "bytes":
+        if fn == "string" and len(args) == 1 and self.kind(args[0]) in ("bytes", "dyn", "any"):
             s = sz(args[0])
             self.sizes[id(n)] = (s[0] // 4, s[1])
             return factor(s[1], STRING_FACTOR)

@@ -255,10 +255,19 @@ def _functions() -> dict[str, Any]:
     return out
 
 
-_FUNCTIONS = _functions()
-
-
 _BINDING_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+ITERABLE = "tessera_iterable"
+
+
+def _iterable(value: Any) -> Any:
+    """The range of a comprehension, or cel-go's error for a value that is neither a list nor a map."""
+    if isinstance(value, CELEvalError | celtypes.ListType | celtypes.MapType):
+        return value
+    kind = type(value).__name__.replace("Type", "")
+    return CELEvalError(f"got '{kind}', expected iterable type", TypeError, ())
+
+
+_FUNCTIONS = {**_functions(), ITERABLE: _iterable}
 
 
 def substitute(n: Node, name: str, replacement: Node) -> Node:
@@ -300,6 +309,12 @@ def rewrite_for_celpy(expression: str, ast: Node, constant_membership_calls: fro
             if n.function in ("hasValue", "value", "orValue", "or", "optMap", "optFlatMap"):
                 raise CelCompileError(expression, n.offset + 1, f"optional values ({n.function}) are not supported "
                                       "by the celpy engine; use the celexpr engine")
+            if (n.target is not None and n.function in _BINDING_MACROS and n.args and isinstance(n.args[0], Ident)
+                    and not isinstance(n.target, ListLit)):
+                # celpy iterates a string or skips a scalar; cel-go fails on a range that is not a list or map
+                # (an attribute value is dyn while DRAListTypeAttributes is on)
+                ranged = Call(n.offset, ITERABLE, (visit(n.target),))
+                return Call(n.offset, n.function, tuple(visit(a) for a in n.args), ranged)
         return map_children(n, visit)
 
     return visit(ast)

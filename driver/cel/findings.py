@@ -51,3 +51,5 @@ class Analysis:
     # offsets of `x in [literals...]` where x may be a Semver: cel-go looks such lists up in a hash
     # set, and a Semver cannot be hashed (a run-time error in Kubernetes)
     constant_membership_calls: frozenset[int] = frozenset()
+    # offsets of ==/!= between two optionals: cel-go compares the values they hold with Go's Equal
+    optional_equality_calls: frozenset[int] = frozenset()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from driver.cel.analysis import analyze
 from driver.cel.device import DeviceView
 from driver.cel.engine import Engine, Program
+from driver.cel.environment import STORED, CelEnvironment
 from driver.cel.errors import CelBudgetExceeded, CelCompileError, CelRuntimeError
 from driver.cel.findings import AttributeRead
 from driver.cel.limits import MAX_COST, MAX_EXPRESSION_BYTES
@@ -108,22 +109,25 @@ def _engine(name: str) -> Engine:
         return _engines[name]
 
 
+_Key = tuple[str, CelEnvironment, str]
+
+
 class _LRU:
-    """Compiled selectors by (engine, expression); compile errors are not cached."""
+    """Compiled selectors by (engine, environment, expression); compile errors are not cached."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], CompiledSelector] = OrderedDict()
+        self._items: OrderedDict[_Key, CompiledSelector] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str]) -> CompiledSelector | None:
+    def get(self, key: _Key) -> CompiledSelector | None:
         with self._lock:
             item = self._items.get(key)
             if item is not None:
                 self._items.move_to_end(key)
             return item
 
-    def put(self, key: tuple[str, str], value: CompiledSelector) -> None:
+    def put(self, key: _Key, value: CompiledSelector) -> None:
         with self._lock:
             self._items[key] = value
             self._items.move_to_end(key)
@@ -138,22 +142,27 @@ class _LRU:
 _cache = _LRU(CACHE_SIZE)
 
 
-def compile_selector(expression: str, *, engine: str | None = None) -> CompiledSelector:
-    """Compile a CEL device selector; raises CelCompileError where Kubernetes would reject it."""
+def compile_selector(expression: str, *, engine: str | None = None,
+                     environment: CelEnvironment = STORED) -> CompiledSelector:
+    """Compile a CEL device selector; raises CelCompileError where Kubernetes would reject it.
+
+    `environment` says which of Kubernetes' environments compiles it: the default is the stored one
+    (what the scheduler uses, with 1.36's feature gates); the apiserver compiles a new or changed
+    selector in the new-expressions one (driver.cel.environment)."""
     if not isinstance(expression, str):
         raise CelCompileError(repr(expression), 0, f"a selector expression must be a string, not "
                                                    f"{type(expression).__name__}")
     name = engine_name(engine)
-    key = (name, expression)
+    key = (name, environment, expression)
     cached = _cache.get(key)
     if cached is not None:
         return cached
-    selector = _compile(expression, name)
+    selector = _compile(expression, name, environment)
     _cache.put(key, selector)
     return selector
 
 
-def _compile(expression: str, engine: str) -> CompiledSelector:
+def _compile(expression: str, engine: str, environment: CelEnvironment) -> CompiledSelector:
     size = len(expression.encode())
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(expression, 0, f"expression is too long: {size} bytes, the limit is "
@@ -168,7 +177,7 @@ def _compile(expression: str, engine: str) -> CompiledSelector:
     if depth > MAX_TREE_DEPTH:
         raise CelCompileError(expression, 0, _too_deep(f"its syntax tree is {depth} levels deep", MAX_TREE_DEPTH))
     try:
-        analysis = analyze(expression, ast)
+        analysis = analyze(expression, ast, environment)
         if analysis.issues:
             first = min(analysis.issues, key=lambda i: i.offset)
             line, column = line_and_column(expression, first.offset)

@@ -105,8 +105,9 @@ UNCHECKED_FUNCTIONS = frozenset({
     "format.dns1123LabelPrefix", "format.dns1123SubdomainPrefix", "format.dns1035LabelPrefix", "format.labelValue",
     "format.uri", "format.uuid", "format.byte", "format.date", "format.datetime", "validate", "getFullYear",
     "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds",
-    "getMilliseconds", "optMap", "optFlatMap", "optional.unwrap", "unwrapOpt",
+    "getMilliseconds", "optional.unwrap", "unwrapOpt",
 })
+OPTIONAL_MACROS = frozenset({"optMap", "optFlatMap"})
 MACROS_1VAR = frozenset({"all", "exists", "exists_one", "map", "filter", "sortBy"})
 MACROS_2VAR = frozenset({"all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry"})
 REGEX_FUNCTIONS = frozenset({"matches", "find", "findAll"})

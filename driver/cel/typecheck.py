@@ -9,6 +9,7 @@ mismatches), and the node types driver.cel.cost needs.
 
 from __future__ import annotations
 
+from driver.cel.environment import STORED, CelEnvironment
 from driver.cel.findings import AttributeRead, Issue, ReadKind
 from driver.cel.guards import Fact, domain_map, flatten, presence_facts
 from driver.cel.limits import MAX_DRIVER_SIZE, MAX_MAP_ENTRIES, MAX_STRING_SIZE
@@ -20,6 +21,7 @@ from driver.cel.signatures import (
     NOT_INDEXABLE,
     NUMERIC,
     OPERATOR_RESULT,
+    OPTIONAL_MACROS,
     REGEX_FUNCTIONS,
     TYPE_NAMES,
     UNCHECKED_FUNCTIONS,
@@ -28,28 +30,35 @@ from driver.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node
 from driver.cel.typemodel import (
     ATTRIBUTE_VALUE,
     BOOL,
+    DECLARED_DYN,
     DEVICE_FIELDS,
     DYN,
+    DYN_ATTRIBUTE_VALUE,
+    DYN_CALL,
     INT,
     QUANTITY,
+    TYPE_PARAM,
     UNBOUNDED,
     Scope,
     T,
     cel_type_name,
     compatible,
+    is_concrete,
     literal_element_type,
 )
 
 
 class TypeChecker:
-    def __init__(self, src: str) -> None:
+    def __init__(self, src: str, environment: CelEnvironment = STORED) -> None:
         self.src = src
+        self.environment = environment
         self.reads: list[AttributeRead] = []
         self.issues: list[Issue] = []
         self.list_index_calls: set[int] = set()
         self.dynamic_equality_calls: set[int] = set()
         self.message_equality_calls: set[int] = set()
         self.constant_membership_calls: set[int] = set()
+        self.optional_equality_calls: set[int] = set()
         self.parents: dict[int, Node] = {}
         self.types: dict[int, str] = {}
         self.elems: dict[int, str] = {}
@@ -69,6 +78,8 @@ class TypeChecker:
         self.types[id(n)] = "any" if t.domain == "attribute-value" else t.name
         if t.name == "list":
             self.elems[id(n)] = t.elem
+        elif t.name == "optional" and t.value is not None:
+            self.elems[id(n)] = cel_type_name(t.value)  # an optional of a scalar has a scalar's size
         return t
 
     def _visit(self, n: Node, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -138,8 +149,8 @@ class TypeChecker:
         result = self.member_of(base, n.field, n, literal=True, facts=facts, guarded=n.test_only or n.optional)
         if n.test_only:
             return BOOL
-        if n.optional:
-            return T("optional")
+        if n.optional and result.name != "optional":
+            return T("optional", 1, value=result)
         return result
 
     def visit_index(self, n: Index, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -159,7 +170,7 @@ class TypeChecker:
             result = self.member_of(base, "*", n, literal=False, facts=facts, guarded=dynamic_guard)
             if base.name == "list" and key_t.name not in ("int", "uint", "dyn", "double"):
                 self.issue(n.index.offset, f"found no matching overload for '_[_]' applied to '(list, {key_t.name})'")
-        return T("optional") if n.optional else result
+        return T("optional", 1, value=result) if n.optional and result.name != "optional" else result
 
     def member_of(self, base: T, name: str, node: Node, *, literal: bool, facts: frozenset[Fact],
                   guarded: bool) -> T:
@@ -170,6 +181,10 @@ class TypeChecker:
             if name not in DEVICE_FIELDS:
                 self.issue(offset, f"undefined field '{name}' (device has {', '.join(DEVICE_FIELDS)})")
                 return DYN
+            if name == "allowMultipleAllocations" and not self.environment.declares_allow_multiple_allocations:
+                self.issue(offset, "undefined field 'allowMultipleAllocations': a new selector may read it only "
+                                   "while the DRAConsumableCapacity feature gate is on")
+                return DYN
             return {"driver": T("string", MAX_DRIVER_SIZE), "attributes": T("attrs", MAX_MAP_ENTRIES),
                     "capacity": T("caps", MAX_MAP_ENTRIES), "allowMultipleAllocations": BOOL}[name]
         if base.name in ("attrs", "caps"):
@@ -177,11 +192,17 @@ class TypeChecker:
         if base.name in ("attrmap", "capmap"):
             kind: ReadKind = "attribute" if base.name == "attrmap" else "capacity"
             self.record(kind, base.domain or "*", name, offset=offset, guarded=guarded, facts=facts, node=node)
-            return QUANTITY if kind == "capacity" else ATTRIBUTE_VALUE
+            if kind == "capacity":
+                return QUANTITY
+            return DYN_ATTRIBUTE_VALUE if self.environment.dyn_attributes else ATTRIBUTE_VALUE
         if base.name in ("map", "dyn"):
             return DYN
         if base.name == "optional":
-            return T("optional")
+            # selecting through an optional stays optional (cel-go's optional field chaining)
+            if base.value is None:
+                return T("optional")
+            inner = self.member_of(base.value, name, node, literal=literal, facts=facts, guarded=True)
+            return inner if inner.name == "optional" else T("optional", 1, value=inner)
         if base.name == "list" and not literal:
             return T(base.elem, MAX_STRING_SIZE) if base.elem != "dyn" else DYN
         if literal and base.name not in ("dyn", "map"):
@@ -195,10 +216,10 @@ class TypeChecker:
             elem_types.add("optional-elem" if (n.optional and n.optional[i]) else literal_element_type(t))
         concrete = {t for t in elem_types if t not in ("dyn", "optional-elem")}
         if len(concrete) > 1:
-            self.issue(n.offset, f"expected type '{sorted(concrete)[0]}' but found '{sorted(concrete)[1]}': "
-                                 "list literals must be homogeneous")
+            first, second = (name.rstrip("!") for name in sorted(concrete)[:2])
+            self.issue(n.offset, f"expected type '{first}' but found '{second}': list literals must be homogeneous")
         elem = concrete.pop() if len(concrete) == 1 and "dyn" not in elem_types else "dyn"
-        elem = "dyn" if elem == "any" else elem
+        elem = "dyn" if elem in ("any", DECLARED_DYN) else elem
         return T("list", len(n.elements), elem=elem)
 
     def visit_map(self, n: MapLit, scope: Scope, facts: frozenset[Fact]) -> T:
@@ -212,8 +233,9 @@ class TypeChecker:
         for kinds, what in ((key_types, "keys"), (value_types, "values")):
             concrete = sorted(t for t in kinds if t not in ("dyn", "optional"))
             if len(concrete) > 1:
-                self.issue(n.offset, f"expected type '{concrete[0]}' but found '{concrete[1]}': map literal "
-                                     f"{what} must be homogeneous")
+                first, second = (name.rstrip("!") for name in concrete[:2])
+                self.issue(n.offset, f"expected type '{first}' but found '{second}': map literal {what} must be "
+                                     "homogeneous")
         return T("map", len(n.entries))
 
     # -- calls ------------------------------------------------------------------------------------
@@ -237,6 +259,8 @@ class TypeChecker:
             macro = self.visit_macro(n, scope, facts)
             if macro is not None:
                 return macro
+        if fn in OPTIONAL_MACROS and n.target is not None and len(n.args) == 2 and isinstance(n.args[0], Ident):
+            return self.visit_optional_macro(n, scope, facts)
         qualified = _qualified_name(n)
         if qualified is not None:
             n = Call(n.offset, qualified, n.args, None)
@@ -334,6 +358,20 @@ class TypeChecker:
             return T("list", size, elem=cel_type_name(body_types[-1]))
         return T("list" if fn == "sortBy" else "map", size)
 
+    def visit_optional_macro(self, n: Call, scope: Scope, facts: frozenset[Fact]) -> T:
+        """opt.optMap(v, f) and opt.optFlatMap(v, f): f with v bound to the optional's value."""
+        assert n.target is not None and isinstance(n.args[0], Ident)
+        target_t = self.visit(n.target, scope, facts)
+        if target_t.name not in ("optional", "dyn"):
+            self.issue(n.offset, f"found no matching overload for 'hasValue' applied to '{cel_type_name(target_t)}.()'")
+        value_t = target_t.value or DYN
+        body_t = self.visit(n.args[1], scope.child(**{n.args[0].name: value_t}), facts)
+        if n.function == "optMap":
+            return T("optional", 1, value=body_t)
+        if body_t.name not in ("optional", "dyn"):
+            self.issue(n.args[1].offset, f"optFlatMap() must return an optional, not {cel_type_name(body_t)}")
+        return body_t if body_t.name == "optional" else T("optional")
+
     @staticmethod
     def member_value_type(range_t: T) -> T:
         if range_t.name == "attrs":
@@ -360,6 +398,10 @@ class TypeChecker:
         receiver = (cel_type_name(target_t),) if target_t is not None else ()
         shapes = receiver + tuple(cel_type_name(t) for t in arg_types)
         overloads = FUNCTIONS.get(fn)
+        if fn == "includes" and not self.environment.declares_includes:
+            self.issue(n.offset, "undeclared reference to 'includes': a new selector may call it only while the "
+                                 "DRAListTypeAttributes feature gate is on")
+            return DYN
         if overloads is None:
             if fn in UNCHECKED_FUNCTIONS or fn in MACROS_1VAR | MACROS_2VAR:
                 return DYN
@@ -375,6 +417,9 @@ class TypeChecker:
             return DYN
         if fn in ("indexOf", "lastIndexOf") and shapes[0] == "list":
             self.list_index_calls.add(n.offset)
+        special = self.resolve_optional(n, target_t, arg_types) or (DYN_CALL if fn == "dyn" else None)
+        if special is not None:
+            return special
         results = {o[2] for o in matching}
         result = T(results.pop()) if len(results) == 1 else DYN
         if result.name == "list" and fn in ("split", "findAll") and target_t is not None:
@@ -385,11 +430,27 @@ class TypeChecker:
             result = T("list", max(n.args[0].value, 0), elem="int")
         return result
 
+    def resolve_optional(self, n: Call, target_t: T | None, arg_types: list[T]) -> T | None:
+        """The optional library's result types (None for other functions); a value orValue()/or() cannot
+        take is an error."""
+        unassignable = _optional_argument_mismatch(n.function, target_t, arg_types)
+        if unassignable:
+            self.issue(n.offset, f"found no matching overload for '{n.function}' applied to '{unassignable}'")
+            return DYN
+        return _optional_result(n.function, target_t, arg_types)
+
     def resolve_operator(self, n: Call, arg_types: list[T]) -> T:
         fn = n.function
         shapes = [cel_type_name(t) for t in arg_types]
         if fn in ("_==_", "_!=_"):
+            self.bind_type_parameters(n, arg_types)
             self.note_equality(n.offset, shapes)
+            if shapes == ["optional", "optional"]:
+                self.optional_equality_calls.add(n.offset)
+            mismatch = _optional_mismatch(arg_types)
+            if mismatch:
+                self.issue(n.offset, f"found no matching overload for '{fn}' applied to '({mismatch})'")
+                return DYN
         bad = _operator_rejects(fn, shapes)
         if fn == "@in" and not bad and self.rejects_mixed_membership(n, arg_types):
             return DYN
@@ -404,6 +465,14 @@ class TypeChecker:
             return T(cel_type_name(first))
         return T(result, 1)
 
+    def bind_type_parameters(self, n: Call, arg_types: list[T]) -> None:
+        """`optional.none().value() == semver("1.0.0")`: the checker binds the free type to the other side's,
+        which the cost estimate then sees (a Semver equality is O(1))."""
+        for i, t in enumerate(arg_types):
+            other = arg_types[1 - i]
+            if t.domain == "type-param" and other.domain != "type-param":
+                self.types[id(n.args[i])] = "any" if other.domain == "attribute-value" else other.name
+
     def note_equality(self, offset: int, shapes: list[str]) -> None:
         """Records the ==/!= calls the engines must evaluate the way Go does (see engine_celexpr)."""
         # a Quantity on the left is compared by Go's Quantity.Equal, which rejects an add()/sub() result
@@ -416,10 +485,58 @@ class TypeChecker:
         """`in` has no cross-type overloads: 0 in ["a"] does not compile."""
         element = arg_types[1].elem if cel_type_name(arg_types[1]) == "list" else "dyn"
         left = literal_element_type(arg_types[0])
-        if element not in ("dyn", left) and left not in ("dyn", "any"):
+        if element not in ("dyn", left) and left not in ("dyn", "any", DECLARED_DYN):
             self.issue(n.offset, f"found no matching overload for '@in' applied to '({left}, list({element}))'")
             return True
         return False
+
+
+def _optional_mismatch(arg_types: list[T]) -> str:
+    """"optional_type(int), optional_type(bool)" when two optionals hold different known types, else ""."""
+    if len(arg_types) != 2 or any(t.name != "optional" or t.value is None for t in arg_types):
+        return ""
+    inner = [literal_element_type(t.value) for t in arg_types if t.value is not None]
+    if {"dyn", "any", DECLARED_DYN} & set(inner) or inner[0] == inner[1]:
+        return ""
+    return ", ".join(f"optional_type({name.rstrip('!')})" for name in inner)
+
+
+def _optional_argument_mismatch(fn: str, target_t: T | None, arg_types: list[T]) -> str:
+    """"optional_type(string).(int)" when orValue()/or() is given a value of another known type, else ""."""
+    if fn not in ("orValue", "or") or target_t is None or target_t.name != "optional" or len(arg_types) != 1:
+        return ""
+    held, given = target_t.value, arg_types[0]
+    if fn == "or":
+        if given.name != "optional":
+            return ""
+        given = given.value or DYN
+    if held is None or not is_concrete(held) or held.domain == "type-param" or not is_concrete(given) or (
+            given.domain == "type-param"):
+        return ""
+    want, got = literal_element_type(held), literal_element_type(given)
+    if want == got:
+        return ""
+    got_text = f"optional_type({got})" if fn == "or" else got
+    return f"optional_type({want}).({got_text})"
+
+
+def _optional_result(fn: str, target_t: T | None, arg_types: list[T]) -> T | None:
+    """The result type of the optional library's functions: optional(V) carries V through."""
+    if fn in ("optional.of", "optional.ofNonZeroValue") and arg_types:
+        return T("optional", 1, value=arg_types[0])
+    if fn == "optional.none":
+        return T("optional", 1, value=TYPE_PARAM)
+    if target_t is None:
+        return None
+    if fn in ("value", "orValue") and target_t.name == "optional":
+        if fn == "orValue" and arg_types and (target_t.value is None or target_t.value.domain == "type-param"):
+            return arg_types[0]  # optional.none().orValue(V) is a V
+        return target_t.value or DYN
+    if fn == "or" and target_t.name == "optional":
+        return target_t if target_t.value is not None else (arg_types[0] if arg_types else T("optional"))
+    if fn in ("first", "last") and target_t.name == "list":
+        return T("optional", 1, value=DYN if target_t.elem == "dyn" else T(target_t.elem, MAX_STRING_SIZE))
+    return None
 
 
 def _operator_rejects(fn: str, shapes: list[str]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from driver.cel.limits import MAX_STRING_SIZE
+from driver.cel.limits import MAX_LIST_ATTRIBUTE_VALUES, MAX_STRING_SIZE
 
 UNBOUNDED = 1 << 40
 
@@ -22,12 +22,20 @@ class T:
     size: int = UNBOUNDED  # max size for strings/lists/maps (for cost), unbounded if unknown
     domain: str | None = None  # for attrmap/capmap: the resolved domain ("*" if dynamic)
     elem: str = "dyn"  # element type of lists, value type of maps
+    value: T | None = None  # for optional: the type of the value it may hold (None: unknown)
 
 
 DYN = T("dyn", MAX_STRING_SIZE)
 BOOL, INT, QUANTITY = T("bool", 1), T("int", 1), T("quantity", 1)
-# An attribute value: statically `any` in the scheduler's environment (list-type attributes off).
+# An attribute value: statically `any` while DRAListTypeAttributes is off, `dyn` (a scalar or a list of
+# at most 48 values, sized by the larger bound) while it is on.
 ATTRIBUTE_VALUE = T("dyn", MAX_STRING_SIZE, domain="attribute-value")
+DYN_ATTRIBUTE_VALUE = T("dyn", max(MAX_STRING_SIZE, MAX_LIST_ATTRIBUTE_VALUES), domain="attribute-dyn")
+# The result of dyn(): statically dyn for certain (other "dyn" types here may just be unknown to tessera)
+DYN_CALL = T("dyn", MAX_STRING_SIZE, domain="dyn-call")
+# The value type of optional.none(): a type parameter the checker binds from what it meets (==, orValue),
+# dyn if nothing binds it
+TYPE_PARAM = T("dyn", MAX_STRING_SIZE, domain="type-param")
 
 
 def compatible(actual: str, expected: str) -> bool:
@@ -39,10 +47,24 @@ def cel_type_name(t: T) -> str:
     return {"device": "map", "attrs": "map", "attrmap": "map", "caps": "map", "capmap": "map"}.get(t.name, t.name)
 
 
+# A type declared dyn (a dyn() result, an attribute value while DRAListTypeAttributes is on), as opposed
+# to tessera's "dyn" for a type it does not infer: cel-go's homogeneous literals do not mix it with others.
+DECLARED_DYN = "dyn!"
+
+
+def is_concrete(t: T) -> bool:
+    """Whether t is a type cel-go knows exactly (not dyn, any or an unbound type parameter)."""
+    return literal_element_type(t) not in ("dyn", "any", DECLARED_DYN)
+
+
 def literal_element_type(t: T) -> str:
     """The type a list/map literal element has for the homogeneity check: attribute values are `any`,
-    which (unlike dyn) does not mix with concrete types."""
-    return "any" if t.domain == "attribute-value" else cel_type_name(t)
+    which (unlike an unknown type) does not mix with concrete types, and neither does a declared dyn."""
+    if t.domain == "attribute-value":
+        return "any"
+    if t.domain in ("attribute-dyn", "dyn-call"):
+        return DECLARED_DYN
+    return cel_type_name(t)
 
 
 @dataclass

@@ -24,6 +24,33 @@ type celCase struct {
 	Name       string          `json:"name"`
 	Expression string          `json:"expression"`
 	Device     json.RawMessage `json:"device"`
+	// Env, when set, compiles this case the way the apiserver validates a selector: in the named
+	// environment ("new" for a created or changed selector, "stored" for an unchanged one) with these
+	// feature gates, estimating the cost; the evaluation uses that compilation. Without it the case is
+	// compiled as the scheduler does (the cache, StoredExpressions, the role's flags).
+	Env *celEnv `json:"env,omitempty"`
+}
+
+type celEnv struct {
+	Type               string `json:"type"`
+	ConsumableCapacity bool   `json:"consumableCapacity"`
+	ListTypeAttributes bool   `json:"listTypeAttributes"`
+}
+
+// compileIn compiles like the apiserver's validation: GetCompiler with the gates, then
+// CompileCELExpression in the named environment with cost estimation on.
+func compileIn(env celEnv, expression string) (dracel.CompilationResult, error) {
+	var envType environment.Type
+	switch env.Type {
+	case "new":
+		envType = environment.NewExpressions
+	case "stored":
+		envType = environment.StoredExpressions
+	default:
+		return dracel.CompilationResult{}, fmt.Errorf("env.type must be \"new\" or \"stored\", not %q", env.Type)
+	}
+	features := dracel.Features{EnableConsumableCapacity: env.ConsumableCapacity, EnableListTypeAttributes: env.ListTypeAttributes}
+	return dracel.GetCompiler(features).CompileCELExpression(expression, dracel.Options{EnvType: &envType}), nil
 }
 
 type celResult struct {
@@ -146,15 +173,24 @@ func runCEL(args []string) int {
 	}
 	features := dracel.Features{EnableConsumableCapacity: *consumable, EnableListTypeAttributes: *listTypes}
 	cache := dracel.NewCache(len(cases)+1, features)
-	estimator := dracel.GetCompiler(features)
 	newExpressions := environment.NewExpressions
 	results := make([]celResult, 0, len(cases))
 	for _, c := range cases {
 		r := celResult{Name: c.Name}
-		compiled := cache.GetOrCompile(c.Expression)
-		// The scheduler's cache compiles without estimating; the apiserver's validation estimates
-		// with the environment for new expressions, as here.
-		estimate := estimator.CompileCELExpression(c.Expression, dracel.Options{EnvType: &newExpressions})
+		var compiled, estimate dracel.CompilationResult
+		if c.Env != nil {
+			compiled, err = compileIn(*c.Env, c.Expression)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "cel: case %q: %v\n", c.Name, err)
+				return 2
+			}
+			estimate = compiled
+		} else {
+			compiled = cache.GetOrCompile(c.Expression)
+			// The scheduler's cache compiles without estimating; the apiserver's validation estimates
+			// with the environment for new expressions, as here.
+			estimate = dracel.GetCompiler(features).CompileCELExpression(c.Expression, dracel.Options{EnvType: &newExpressions})
+		}
 		if estimate.Error == nil && estimate.MaxCost != math.MaxUint64 {
 			estimated := estimate.MaxCost
 			r.EstimatedCost = &estimated

@@ -9,8 +9,10 @@ import pytest
 from driver.attributes import (
     DEVICE_ATTRIBUTES,
     DEVICE_CAPACITIES,
+    NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
+    WHEN_KNOWN_ATTRIBUTES,
     AttributeValueError,
     clip_string,
     gpu_attributes,
@@ -73,7 +75,7 @@ def test_schema_keys_are_valid_qualified_names_and_kinds() -> None:
 
 def test_attributes_plus_capacities_stay_within_the_32_per_device_limit() -> None:
     for attrs in DEVICE_ATTRIBUTES.values():
-        assert len(attrs) + len(DEVICE_CAPACITIES) <= 32
+        assert len(attrs) + len(WHEN_KNOWN_ATTRIBUTES) + len(DEVICE_CAPACITIES) <= 32
 
 
 def test_type_specific_attributes_are_exactly_the_ones_the_design_names() -> None:
@@ -110,7 +112,7 @@ def test_gpu_attributes_carry_the_inventory_facts() -> None:
 def test_mig_attributes_carry_the_partition_and_its_parent() -> None:
     gpu = make_gpu(1)
     attrs = mig_attributes(make_inventory(gpu), gpu, "2g.20gb", 4)
-    assert list(attrs) == list(DEVICE_ATTRIBUTES["mig"])
+    assert list(attrs) == [*DEVICE_ATTRIBUTES["mig"], NUMA_NODE]
     assert attrs["type"] == {"string": "mig"}
     assert attrs["profile"] == {"string": "2g.20gb"}
     assert attrs["placement"] == {"int": 4}
@@ -148,8 +150,9 @@ def test_every_device_of_every_profile_carries_its_whole_attribute_set(profile: 
             dtype = dev["attributes"]["type"]["string"]
             seen_types.add(dtype)
             schema = DEVICE_ATTRIBUTES[dtype]
-            assert set(dev["attributes"]) == set(schema), dev["name"]
-            for name, (kind, _) in schema.items():
+            # the built-in profiles all report NUMA nodes, so the standard numaNode is there too
+            assert set(dev["attributes"]) == set(schema) | set(WHEN_KNOWN_ATTRIBUTES), dev["name"]
+            for name, (kind, _) in {**schema, **WHEN_KNOWN_ATTRIBUTES}.items():
                 _check_value(kind, dev["attributes"][name])
             assert set(dev["capacity"]) == set(DEVICE_CAPACITIES)
     if strategy == "dynamic":
@@ -163,3 +166,22 @@ def test_the_builtin_profiles_exercise_both_device_types() -> None:
         for obj in build_slices(load_inventory("node-a", simulate=profile), mig_strategy="static"):
             types.update(d["attributes"]["type"]["string"] for d in obj["spec"].get("devices") or [])
     assert types == {"gpu", "mig"}
+
+
+def test_the_standard_numa_node_is_published_beside_tesseras_own_where_the_gpu_has_one() -> None:
+    gpu = make_gpu(2, numa_node=1)
+    inv = make_inventory(gpu)
+    for attrs in (gpu_attributes(inv, gpu), mig_attributes(inv, gpu, "1g.10gb", 0)):
+        assert attrs[NUMA_NODE] == {"int": 1}
+        assert attrs["numaNode"] == {"int": 1}
+        assert qualified_name_errors(NUMA_NODE) == []
+
+
+def test_the_standard_numa_node_is_omitted_where_the_platform_reports_none() -> None:
+    # KEP-6072: a device without NUMA affinity carries no resource.kubernetes.io/numaNode, so matchAttribute
+    # never pairs it with another such device; tessera's own numaNode still says -1
+    gpu = make_gpu(2, numa_node=-1)
+    inv = make_inventory(gpu)
+    for attrs in (gpu_attributes(inv, gpu), mig_attributes(inv, gpu, "1g.10gb", 0)):
+        assert NUMA_NODE not in attrs
+        assert attrs["numaNode"] == {"int": -1}

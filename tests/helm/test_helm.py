@@ -64,6 +64,8 @@ DOCUMENTED_COMBINATIONS: dict[str, list[str]] = {
         "webhook.clientAuth.enabled=true", "webhook.clientAuth.caBundle=PEM",
         "webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiserverCIDRs={10.0.0.0/24}",
     ],
+    "apiserver with DRAListTypeAttributes on": ["controller.featureGates.DRAListTypeAttributes=true"],
+    "apiserver with DRAConsumableCapacity off": ["controller.featureGates.DRAConsumableCapacity=false"],
 }
 
 
@@ -985,3 +987,21 @@ def test_probe_port_moves_flag_port_and_probes_together(tools, port):
     c = container(one(render(tools, port), "Deployment"))
     assert "--probe-addr=:9090" in c["args"]
     assert {"name": "probes", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+
+
+@pytest.mark.parametrize(("sets", "flag"), [
+    ([], "--feature-gates=DRAConsumableCapacity=true,DRAListTypeAttributes=false"),
+    (["controller.featureGates.DRAListTypeAttributes=true"],
+     "--feature-gates=DRAConsumableCapacity=true,DRAListTypeAttributes=true"),
+])  # fmt: skip
+def test_controller_compiles_selectors_with_the_clusters_feature_gates(tools, sets, flag):
+    args = container(one(render(tools, *sets), "Deployment"))["args"]
+    assert flag in args
+    parsed = _cli_parser("controller", "--feature-gates").parse_args(args)
+    from tessera.celgates import cel_environment
+
+    assert cel_environment(parsed.feature_gates).list_type_attributes is ("DRAListTypeAttributes=true" in flag)
+
+
+def test_an_unknown_feature_gate_in_values_is_refused_by_the_schema(tools):
+    assert "featureGates" in render_error(tools, "controller.featureGates.DRAPrioritizedList=true")

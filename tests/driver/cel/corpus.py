@@ -8,12 +8,21 @@ from typing import Any
 
 import yaml
 
-from driver.cel import CelBudgetExceeded, CelCompileError, CelRuntimeError, compile_selector, device_view
+from driver.cel import (
+    STORED,
+    CelBudgetExceeded,
+    CelCompileError,
+    CelEnvironment,
+    CelRuntimeError,
+    compile_selector,
+    device_view,
+)
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus.json"
 COST_CORPUS = HERE / "cost_corpus.json"
 KNOWN_DIFFERENCES = HERE / "known_differences.yaml"
+K8S_TABLE = HERE / "k8s_table.json"
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -54,17 +63,27 @@ def slice_device(device: dict[str, Any]) -> dict[str, Any]:
             "allowMultipleAllocations": device.get("allowMultipleAllocations", False)}
 
 
+def environment(case: dict[str, Any]) -> CelEnvironment:
+    """The case's `env` (as e2e/harness cel reads it), else the scheduler's stored environment."""
+    env = case.get("env")
+    if env is None:
+        return STORED
+    return CelEnvironment(env["type"], env["consumableCapacity"], env["listTypeAttributes"])
+
+
 def outcome(case: dict[str, Any], engine: str) -> tuple[Any, str]:
     """(True | False | {"error": "compile"|"runtime"|"budget"|"cost"}, message). "budget": cel-cpp's
     iteration budget stopped the evaluation (outcome unknown); "cost": over the apiserver's cost limit,
     so Kubernetes rejects it at admission although its scheduler (the oracle here) would run it."""
+    env = environment(case)
     try:
-        selector = compile_selector(case["expression"], engine=engine)
+        selector = compile_selector(case["expression"], engine=engine, environment=env)
     except CelCompileError as e:
         if e.message.startswith("too complex, exceeds cost limit"):
             return {"error": "cost"}, e.message  # the apiserver's estimate; the scheduler never estimates
         return {"error": "compile"}, e.message
-    view = device_view(case["device"]["driver"], slice_device(case["device"]))
+    view = device_view(case["device"]["driver"], slice_device(case["device"]),
+                       list_type_attributes=env.list_type_attributes)
     try:
         return selector.evaluate(view), ""
     except CelRuntimeError as e:

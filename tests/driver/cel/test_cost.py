@@ -47,3 +47,17 @@ def test_shorter_doubling_is_admitted_with_its_size_based_cost(name: str) -> Non
 ])  # fmt: skip
 def test_concatenation_is_charged_by_the_size_of_its_result(expression: str, cost: int) -> None:
     assert compile_selector(expression).estimated_cost == cost
+
+
+@pytest.mark.parametrize(("expression", "cost"), [
+    ('device.capacity["gpu.tessera.dev"].?memory.orValue(quantity("0")) == quantity("80Gi")', 8),
+    ('device.capacity["gpu.tessera.dev"].?memory.value() == quantity("80Gi")', 7),
+])  # fmt: skip
+def test_an_optional_capacity_compared_as_a_quantity_is_admitted_at_kubernetes_cost(expression: str, cost: int) -> None:
+    # issue 24: once estimated at 2^64/10 (an optional's value had no type) and denied as too complex
+    from driver.cel import device_view
+
+    selector = compile_selector(expression)
+    assert selector.estimated_cost == cost
+    gpu = device_view("gpu.tessera.dev", {"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}})
+    assert selector.evaluate(gpu) is True
