@@ -11,6 +11,7 @@ rewrite_for_celexpr), each rewrite found and checked against the Go oracle:
 - relational operators work across int/uint/double (cel-cpp's checker rejects them);
 - `==`/`!=` follow cel-go's left.Equal(right) when the left value may be a Semver or Quantity;
 - has() on a non-map value is false; `x in [literals]` fails on a Semver (cel-go hashes it);
+- the value taken out of an optional (value(), orValue()) is dyn, as cel-go types it on a dyn map;
 - list indexOf()/lastIndexOf(), whose names cel-cpp's strings extension owns;
 - two-variable comprehensions (driver.cel.rewrite).
 cel-cpp stops every evaluation after ITERATION_BUDGET comprehension iterations in total, a limit
@@ -372,6 +373,20 @@ def _is_domain_lookup(n: Node) -> bool:
     return isinstance(n, Select | Index) and _is_device_map(n.operand)
 
 
+def optional_equality(n: Call, left: Node, right: Node) -> Node:
+    """cel-go's Optional.Equal: two empty optionals are equal, one empty one is not, and two values are
+    compared with Go's Equal (a Semver or Quantity fails on another type), which cel-cpp does not do."""
+    a, b = Ident(n.offset, f"__tessera_opt_a{n.offset}__"), Ident(n.offset, f"__tessera_opt_b{n.offset}__")
+    a_set, b_set = Call(n.offset, "hasValue", (), a), Call(n.offset, "hasValue", (), b)
+    values = (Call(n.offset, "dyn", (Call(n.offset, "value", (), a),)),
+              Call(n.offset, "dyn", (Call(n.offset, "value", (), b),)))
+    both = Call(n.offset, "_&&_", (a_set, b_set))
+    compared = Call(n.offset, GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS, values)
+    chosen = Call(n.offset, "_?_:_", (both, compared, Call(n.offset, n.function, (a_set, b_set))))
+    cel = Ident(n.offset, "cel")
+    return Call(n.offset, "bind", (a, left, Call(n.offset, "bind", (b, right, chosen), cel)), cel)
+
+
 def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
     """Bridge the places where cel-cpp and Kubernetes differ (module docstring).
 
@@ -379,60 +394,85 @@ def rewrite_for_celexpr(ast: Node, analysis: Analysis | None = None) -> Node:
     on lists (cel-cpp's strings extension owns those names), ==/!= with a left side whose type is
     only known at run time, and membership in a constant list.
     """
-    list_index_calls = analysis.list_index_calls if analysis else frozenset()
-    dynamic_equality_calls = analysis.dynamic_equality_calls if analysis else frozenset()
-    message_equality_calls = analysis.message_equality_calls if analysis else frozenset()
-    constant_membership_calls = analysis.constant_membership_calls if analysis else frozenset()
+    return _CelexprRewrite(analysis).visit(ast)
 
+
+class _CelexprRewrite:
+    """One rewrite of a tree for cel-cpp; the analysis's offsets say which calls get cel-go's semantics."""
+
+    def __init__(self, analysis: Analysis | None) -> None:
+        self.list_index_calls = analysis.list_index_calls if analysis else frozenset()
+        self.dynamic_equality_calls = analysis.dynamic_equality_calls if analysis else frozenset()
+        self.message_equality_calls = analysis.message_equality_calls if analysis else frozenset()
+        self.constant_membership_calls = analysis.constant_membership_calls if analysis else frozenset()
+        self.optional_equality_calls = analysis.optional_equality_calls if analysis else frozenset()
+
+    def visit(self, n: Node) -> Node:
+        replaced = self.visit_call(n) if isinstance(n, Call) else self.visit_lookup(n)
+        return replaced if replaced is not None else map_children(n, self.visit)
+
+    @staticmethod
     def empty_domain(domain_map: Node, key: Node, offset: int) -> Node:
         # dyn(device.attributes[?key].orValue({})) -- an unknown domain reads as an empty map; dyn() keeps
         # the checker from typing the result as the literal's map(T, U)
         found = Index(offset, domain_map, key, optional=True)
         return Call(offset, "dyn", (Call(offset, "orValue", (MapLit(offset, ()),), found),))
 
-    def visit(n: Node) -> Node:
+    def visit_lookup(self, n: Node) -> Node | None:
+        """A read of a device map by domain, or has() on an attribute value; None: neither."""
         if isinstance(n, Select) and _is_device_map(n.operand):
             key: Node = Literal(n.offset, "string", n.field)
             if n.test_only:
                 return Literal(n.offset, "bool", True)  # has() on a domain: Find() always reports found
             if n.optional:
-                return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
-            return empty_domain(n.operand, key, n.offset)
+                return Call(n.offset, "optional.of", (self.empty_domain(n.operand, key, n.offset),))
+            return self.empty_domain(n.operand, key, n.offset)
         if isinstance(n, Select) and n.test_only and not _is_domain_lookup(n.operand):
             # has() on an attribute value: cel-go answers false for a non-map, cel-cpp errors
-            return Call(n.offset, HAS, (visit(n.operand), Literal(n.offset, "string", n.field)))
+            return Call(n.offset, HAS, (self.visit(n.operand), Literal(n.offset, "string", n.field)))
         if isinstance(n, Index) and _is_device_map(n.operand):
-            key = visit(n.index)
+            key = self.visit(n.index)
             if n.optional:
-                return Call(n.offset, "optional.of", (empty_domain(n.operand, key, n.offset),))
-            return empty_domain(n.operand, key, n.offset)
-        if isinstance(n, Call) and n.function in ("_==_", "_!=_") and n.target is None and (
-                n.offset in dynamic_equality_calls or n.offset in message_equality_calls):
-            # cel-go calls left.Equal(right): a Semver or Quantity on the left fails on any other type
-            # (and a Quantity on an add()/sub() result), where cel-cpp would answer false
-            left, right = visit(n.args[0]), visit(n.args[1])
-            go_function = GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS
-            if n.offset in message_equality_calls:
-                return Call(n.offset, go_function, (left, right))
-            # only a message on the left needs Go's rules; other values keep cel-cpp's native equality
-            value = Ident(n.offset, _EQUALITY_VAR)
-            is_message = Call(n.offset, "@in", (Call(n.offset, "type", (value,)), ListLit(
-                n.offset, (Ident(n.offset, "kubernetes.Semver"), Ident(n.offset, "kubernetes.Quantity")))))
-            native = Call(n.offset, n.function, (value, right))
-            chosen = Call(n.offset, "_?_:_", (is_message, Call(n.offset, go_function, (value, right)), native))
-            return Call(n.offset, "bind", (value, left, chosen), Ident(n.offset, "cel"))
-        if isinstance(n, Call) and n.target is not None and n.offset in list_index_calls and n.function in (
-                "indexOf", "lastIndexOf"):
-            name = LIST_INDEX_OF if n.function == "indexOf" else LIST_LAST_INDEX_OF
-            return Call(n.offset, name, tuple(visit(a) for a in n.args), visit(n.target))
-        if isinstance(n, Call) and n.function == "@in" and n.offset in constant_membership_calls:
-            return Call(n.offset, IN_CONSTANT_LIST, (visit(n.args[0]), n.args[1]))
-        if isinstance(n, Call) and n.function in _RELATIONAL and n.target is None:
-            left, right = (visit(a) for a in n.args)
-            return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
-        return map_children(n, visit)
+                return Call(n.offset, "optional.of", (self.empty_domain(n.operand, key, n.offset),))
+            return self.empty_domain(n.operand, key, n.offset)
+        return None
 
-    return visit(ast)
+    def visit_call(self, n: Call) -> Node | None:
+        """A call that needs cel-go's semantics; None: it keeps cel-cpp's."""
+        if n.function in ("_==_", "_!=_") and n.target is None and (
+                n.offset in self.optional_equality_calls or n.offset in self.dynamic_equality_calls
+                or n.offset in self.message_equality_calls):
+            return self.equality(n)
+        if n.target is not None and n.offset in self.list_index_calls and n.function in ("indexOf", "lastIndexOf"):
+            name = LIST_INDEX_OF if n.function == "indexOf" else LIST_LAST_INDEX_OF
+            return Call(n.offset, name, tuple(self.visit(a) for a in n.args), self.visit(n.target))
+        if n.function == "@in" and n.offset in self.constant_membership_calls:
+            return Call(n.offset, IN_CONSTANT_LIST, (self.visit(n.args[0]), n.args[1]))
+        if n.function in ("value", "orValue") and n.target is not None:
+            # cel-cpp infers the value of an optional on a dyn map from orValue()'s argument (or not at
+            # all); cel-go types it as the map's values, so a comparison with another type compiles
+            return Call(n.offset, "dyn", (map_children(n, self.visit),))
+        if n.function in _RELATIONAL and n.target is None:
+            left, right = (self.visit(a) for a in n.args)
+            return Call(n.offset, n.function, (Call(n.offset, "dyn", (left,)), Call(n.offset, "dyn", (right,))))
+        return None
+
+    def equality(self, n: Call) -> Node:
+        left, right = self.visit(n.args[0]), self.visit(n.args[1])
+        if n.offset in self.optional_equality_calls:
+            return optional_equality(n, left, right)
+        # cel-go calls left.Equal(right): a Semver or Quantity on the left fails on any other type
+        # (and a Quantity on an add()/sub() result), where cel-cpp would answer false
+        go_function = GO_EQUALS if n.function == "_==_" else GO_NOT_EQUALS
+        if n.offset in self.message_equality_calls:
+            return Call(n.offset, go_function, (left, right))
+        # only a message on the left needs Go's rules; other values keep cel-cpp's native equality
+        value = Ident(n.offset, _EQUALITY_VAR)
+        is_message = Call(n.offset, "@in", (Call(n.offset, "type", (value,)), ListLit(
+            n.offset, (Ident(n.offset, "kubernetes.Semver"), Ident(n.offset, "kubernetes.Quantity")))))
+        native = Call(n.offset, n.function, (value, right))
+        chosen = Call(n.offset, "_?_:_", (is_message, Call(n.offset, go_function, (value, right)), native))
+        return Call(n.offset, "bind", (value, left, chosen), Ident(n.offset, "cel"))
 
 
 _ERROR_RE = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
@@ -526,6 +566,7 @@ class CelExprEngine:
     def compile(self, expression: str, ast: Node, analysis: Analysis) -> CelExprProgram:
         env = _env()
         expanded = expand_two_variable_macros(ast)
+        original_error: tuple[int, int, str] | None = None
         if expanded == ast:
             # checked on the original text so that error columns point into what the user wrote
             try:
@@ -537,13 +578,16 @@ class CelExprEngine:
                     # redundant parentheses count towards cel-cpp's nesting limit of 32; the
                     # rewritten text below has only the ones precedence needs
                     real = []
-                if real:
-                    line, column, message = real[0]
-                    raise CelCompileError(expression, column, message, line=line) from None
+                original_error = real[0] if real else None
         rewritten = unparse(rewrite_for_celexpr(expanded, analysis))
         try:
             compiled = env.compile(rewritten)
         except RuntimeError as e:
+            if original_error is not None:
+                line, column, message = original_error
+                raise CelCompileError(expression, column, message, line=line) from None
             _, _, message = _compile_errors(e)[0]
             raise CelCompileError(expression, 0, message) from None
+        # an error on the text as written that the rewrite bridges (mixed numeric comparisons, the values of
+        # optionals on dyn maps, ...) is cel-cpp's typing, not cel-go's; tessera's own checks passed it
         return CelExprProgram(compiled)
