@@ -19,7 +19,8 @@ The family, with the module of each class and its `reason` (the label of the nod
     │   ├── driver.slices.SliceBuildError          slice_build
     │   ├── driver.cel.errors.DeviceViewError      device_view
     │   ├── controller.admission.ReviewError       review
-    │   └── kubeletplugin.plugin.PluginConfigError plugin_config      a kubelet-plugin flag
+    │   ├── kubeletplugin.pluginconfig.PluginConfigError  plugin_config  a kubelet-plugin flag
+    │   └── kubeletplugin.nodelabels.NodeLabelError  node_label    a node label a flag names
     ├── DeviceError (RuntimeError)                 device             a GPU or its helper refused
     │   ├── kubeletplugin.migmanager.MigError      mig
     │   ├── kubeletplugin.mps.MpsError             mps
@@ -32,6 +33,7 @@ The family, with the module of each class and its `reason` (the label of the nod
     ├── kubeletplugin.state.ConflictError (ValueError)  conflict      another prepared claim holds the GPU
     ├── kubeletplugin.grpcservers.SocketError      socket
     ├── driver.kubeapi.ApiError                    apiserver          (its HTTP reason phrase: http_reason)
+    ├── driver.kubeapi.KubeConfigError             kube_config        no usable kubeconfig or in-cluster config
     ├── driver.cel.errors: CelCompileError, CelRuntimeError, CelBudgetExceeded; driver.cel.syntax.CelSyntaxError;
     │   driver.cel.selector.CelEngineMissing       (reason from the class name, e.g. cel_compile)
     └── tessera.clusterread.ReadError              read

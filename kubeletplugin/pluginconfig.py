@@ -13,13 +13,15 @@ import json
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from driver.errors import InvalidInputError
 from driver.health import HealthPolicy
 from driver.slices import MIG_STRATEGIES
-from kubeletplugin.grpcservers import SocketError, SocketPaths
 from kubeletplugin.metrics import parse_listen_address
+
+if TYPE_CHECKING:
+    from kubeletplugin.grpcservers import SocketPaths
 
 
 class PluginConfigError(InvalidInputError):
@@ -110,6 +112,10 @@ class PluginConfig:
     socket_paths: SocketPaths = field(init=False)
 
     def __post_init__(self) -> None:
+        # grpc comes with the socket code: keep it off the start of every `tessera` command (argparse is
+        # built from this module), so that `tessera --help` needs no C++ runtime
+        from kubeletplugin.grpcservers import SocketError, SocketPaths
+
         object.__setattr__(self, "socket_paths", SocketPaths(self.kubelet_dir, instance_id=self.instance_id))
         if not self.node_name:
             raise PluginConfigError("--node-name is required (in a DaemonSet: the downward API's spec.nodeName)")

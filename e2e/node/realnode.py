@@ -307,7 +307,7 @@ class RealNode:
             # single busy process of the machine, and a loaded machine starves the webhook and plugin
             # pods behind it; a real node has its CPUs to itself, so give the group the weight of several.
             for knob, weight in (("cpu.shares", NODE_CPU_SHARES), ("cpu.weight", NODE_CPU_SHARES * 100 // 1024)):
-                with contextlib.suppress(FileNotFoundError):
+                if (node / knob).exists():  # only the hierarchy with the cpu controller has it
                     (node / knob).write_text(str(weight))
 
     @property
