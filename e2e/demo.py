@@ -4,7 +4,8 @@
     python -m e2e.demo down   # stop everything started by `up`, and check the machine is as it was
 
 State lives under ./.demo/ (kubeconfig, logs, CDI specs, the pids of the detached processes).
-Nodes: `demo-dgx` (dgx-h100-8, dynamic MIG) and `demo-a100` (a100-pcie-4, static), each a real
+Nodes: `demo-dgx` (dgx-h100-8, dynamic MIG) and `demo-a100` (a100-pcie-8-mig: four whole A100s and four
+cut into MIG instances as NVIDIA's quickstart machine is, static MIG), each a real
 kubelet v1.36.3 + containerd 2 node (e2e/node) in its own network namespace (e2e/network.py), whose
 containers print what they were given. tessera's image is built (`make image`), loaded into both
 nodes and installed with `helm upgrade --install ... -f helm/values-simulated.yaml`, as the README
@@ -24,6 +25,8 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+
+import yaml
 
 from e2e.chart import NAMESPACE as CHART_NAMESPACE
 from e2e.chart import (
@@ -64,9 +67,19 @@ NAMESPACE = "demo"
 DGX, A100 = "demo-dgx", "demo-a100"
 GiB = 1024**3
 
-# (pod, what it shows, claim spec, node it is pinned to, its containers). Every example is pinned,
-# so the two shares land on one card (first fit) and the table reads the same on every run.
-EXAMPLES: list[tuple[str, str, Obj, str, list[str]]] = [
+
+
+def _nvidia_claim_spec(name: str) -> Obj:
+    """The claim spec of the ResourceClaimTemplate in e2e/nvidia_specs/<name>.yaml (NVIDIA's, names translated)."""
+    docs = yaml.safe_load_all((REPO / "e2e" / "nvidia_specs" / f"{name}.yaml").read_text())
+    spec: Obj = next(d for d in docs if d and d["kind"] == "ResourceClaimTemplate")["spec"]["spec"]
+    return spec
+
+
+# (pod, what it shows, claim spec, node it is pinned to, its containers: names, or names -> the request each
+# names). Every example is pinned, so the two shares land on one card (first fit) and the table reads the
+# same on every run.
+EXAMPLES: list[tuple[str, str, Obj, str, list[str] | dict[str, str]]] = [
     ("whole-gpu", "Whole GPU", claim_spec(request()), DGX, ["cuda"]),
     ("nvlink-pair", "2 GPUs on one NVLink island", claim_spec(request(count=2), same_island=True), A100, ["cuda"]),
     ("share-10gi", "10 GiB memory share (MPS)", claim_spec(request(memory="10Gi")), A100, ["cuda"]),
@@ -79,6 +92,8 @@ EXAMPLES: list[tuple[str, str, Obj, str, list[str]]] = [
     ("time-sliced", "1 GPU time-sliced by 2 containers",
      claim_spec(request(device_class=f"timeslicing.{DRIVER}"), config=time_slicing_config()), A100,
      ["trainer", "sidecar"]),
+    ("gpu-test4", "NVIDIA's gpu-test4: 4 MIG devices\nof one A100, one per container", _nvidia_claim_spec("gpu-test4"),
+     A100, {"ctr0": "mig-1g-5gb-0", "ctr1": "mig-1g-5gb-1", "ctr2": "mig-2g-10gb", "ctr3": "mig-3g-20gb"}),
 ]
 
 
@@ -89,7 +104,7 @@ def demo_nodes() -> tuple[list[NodeSpec], str]:
     real = not reason
     nodes = [NodeSpec(name, profile, mig, real=real, labels=simulated_node_labels(profile, mig),
                       plugin_by_hand=not real)
-             for name, profile, mig in ((DGX, "dgx-h100-8", "dynamic"), (A100, "a100-pcie-4", "static"))]
+             for name, profile, mig in ((DGX, "dgx-h100-8", "dynamic"), (A100, "a100-pcie-8-mig", "static"))]
     return nodes, reason
 
 
@@ -176,8 +191,18 @@ def _claim_results(kube: Kube, pod_obj: Obj) -> tuple[str, list[Obj]]:
     return pod_obj["spec"]["nodeName"], results
 
 
+def _separator(results: list[Obj]) -> str:
+    """Devices side by side, or one per line when their names would widen the table (MIG devices)."""
+    return ",\n" if len(",".join(r["device"] for r in results)) > 30 else ","
+
+
+def _device_cells(results: list[Obj]) -> str:
+    return _separator(results).join(r["device"] for r in results)
+
+
 def _memory_cells(node: str, results: list[Obj], memory_of: dict[tuple[str, str], int]) -> str:
-    return ",".join(f"{(consumed_memory(r) or memory_of.get((node, r['device']), 0)) / GiB:.1f}Gi" for r in results)
+    return _separator(results).join(
+        f"{(consumed_memory(r) or memory_of.get((node, r['device']), 0)) / GiB:.1f}Gi" for r in results)
 
 
 def _run_examples(cluster: Cluster, memory_of: dict[tuple[str, str], int]) -> tuple[list[list[str]], list[str]]:
@@ -186,8 +211,12 @@ def _run_examples(cluster: Cluster, memory_of: dict[tuple[str, str], int]) -> tu
     for name, _, spec, node, containers in EXAMPLES:
         kube.apply(claim_template(name, NAMESPACE, spec))
         if real:
-            kube.apply(probe_pod(name, NAMESPACE, node, templates={"gpu": name},
-                                 containers={c: ["gpu"] for c in containers}))
+            probe = probe_pod(name, NAMESPACE, node, templates={"gpu": name},
+                              containers={c: ["gpu"] for c in containers})
+            for c in probe["spec"]["containers"]:
+                if isinstance(containers, dict):  # each container names its request, as NVIDIA's gpu-test4 does
+                    c["resources"]["claims"][0]["request"] = containers[c["name"]]
+            kube.apply(probe)
         else:
             kube.apply(pod(name, NAMESPACE, template=name, node=node))
     rows, failures = [], []
@@ -196,11 +225,11 @@ def _run_examples(cluster: Cluster, memory_of: dict[tuple[str, str], int]) -> tu
             if real:
                 started = wait_reported(kube, cluster.real_nodes[node], NAMESPACE, name, timeout=90)
                 on, results = _claim_results(kube, started.pod)
-                rows.append([name, what, on, ",".join(r["device"] for r in results),
+                rows.append([name, what, on, _device_cells(results),
                              _memory_cells(on, results, memory_of), _seen_inside(started)])
             else:
                 running = wait_running(kube, NAMESPACE, name, timeout=90)
-                rows.append([name, what, running.node, ",".join(running.devices),
+                rows.append([name, what, running.node, _device_cells(running.results),
                              _memory_cells(running.node, running.results, memory_of), "\n".join(running.cdi_ids)])
         except ClusterError as exc:
             failures.append(f"{name} ({what}): {exc}")

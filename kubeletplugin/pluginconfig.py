@@ -62,8 +62,8 @@ class PluginConfig:
     node_name: str = field(metadata=_flag(
         "--node-name", "this node's name (the pool name of its ResourceSlices)"))
     simulate: str | None = field(default=None, metadata=_flag(
-        "--simulate", "simulated GPUs: a built-in profile name (dgx-h100-8, a100-pcie-4, t4-4, mixed, h100-16-mig) "
-        "or a profile YAML path", metavar="PROFILE", backend=True))
+        "--simulate", "simulated GPUs: a built-in profile name (dgx-h100-8, a100-pcie-4, a100-pcie-8-mig, t4-4, "
+        "mixed, h100-16-mig) or a profile YAML path", metavar="PROFILE", backend=True))
     nvml: bool = field(default=False, metadata=_flag(
         "--nvml", "discover the node's real GPUs through NVML", backend=True))
     kubeconfig: str | None = field(default=None, metadata=_flag(

@@ -126,9 +126,12 @@ def _kill_cgroup_tree(name: str) -> None:
     for hierarchy in _cgroup_hierarchies():
         top = hierarchy / name
         if top.is_dir():
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+            # Bottom-up; os.walk skips a directory that vanishes while it walks (kubelet removing a pod's
+            # group), where Path.rglob raised FileNotFoundError and left the node's groups behind.
+            for parent, dirs, _ in os.walk(top, topdown=False):
+                for d in dirs:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(parent, d))
             with contextlib.suppress(OSError):
                 top.rmdir()
 

@@ -7,6 +7,7 @@ import pytest
 from driver.allocation import AllocationError, plan_claim, resolve_device
 from driver.config import ConfigError, Strategy
 from driver.quantity import quantity_bytes
+from driver.simulated import builtin_profiles
 from tests.builders.claims import UID, gpu_config, inventory, make_claim, result, share
 
 GIB = 1024**3
@@ -265,7 +266,7 @@ def test_time_slicing_config_on_a_mig_device_is_rejected():
 # --- every published device can be prepared ---------------------------------------------------
 
 
-@pytest.mark.parametrize("profile", ["dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"])
+@pytest.mark.parametrize("profile", builtin_profiles())
 def test_every_published_device_resolves_with_its_published_memory(profile):
     from driver.slices import build_slices
 

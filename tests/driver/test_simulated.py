@@ -61,7 +61,7 @@ def load_error(tmp_path: Path, text: str) -> DiscoveryError:
 
 
 def test_builtin_profiles_are_shipped():
-    assert set(builtin_profiles()) >= {"dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"}
+    assert set(builtin_profiles()) >= {"dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig", "a100-pcie-8-mig"}
 
 
 def test_default_backend_is_the_dgx_h100_profile():
@@ -170,7 +170,7 @@ def test_h100_16_mig_is_a_sixteen_gpu_dynamic_mig_node():
     assert [gpu.numa_node for gpu in inventory.gpus] == [0] * 8 + [1] * 8
 
 
-@pytest.mark.parametrize("profile", ["dgx-h100-8", "a100-pcie-4", "t4-4", "mixed", "h100-16-mig"])
+@pytest.mark.parametrize("profile", builtin_profiles())
 def test_every_builtin_profile_yields_well_formed_gpus(profile):
     inventory = load_inventory("node-a", simulate=profile)
     assert inventory.source == f"simulated:{profile}"
@@ -180,6 +180,20 @@ def test_every_builtin_profile_yields_well_formed_gpus(profile):
         assert PCIE_ROOT.match(gpu.pcie_root)
         assert gpu.nvlink_island.startswith("nvl-") and len(gpu.nvlink_island) <= 64
         assert gpu.device_name == f"gpu-{gpu.index}"
+
+
+def test_a100_pcie_8_mig_is_a100_pcie_4_plus_four_cards_cut_like_nvidias_quickstart():
+    # GPUs 0-3 are a100-pcie-4's, so a node moving to this profile keeps their names, UUIDs and islands
+    eight = load_inventory("node-a", simulate="a100-pcie-8-mig")
+    four = load_inventory("node-a", simulate="a100-pcie-4")
+    assert eight.gpus[:4] == four.gpus
+    # GPUs 4-7: NVIDIA's "half-balanced" layout, the cards its gpu-test4 asks for
+    for gpu in eight.gpus[4:]:
+        assert gpu.mig_enabled
+        assert sorted((i.profile, i.placement_start) for i in gpu.mig_instances) == [
+            ("1g.5gb", 2), ("1g.5gb", 3), ("2g.10gb", 0), ("3g.20gb", 4)]
+    assert [g.nvlink_island == eight.gpus[g.index ^ 1].nvlink_island for g in eight.gpus] == [True] * 8
+    assert len({g.nvlink_island for g in eight.gpus}) == 4
 
 
 # ---- stable identities ------------------------------------------------------------------------
