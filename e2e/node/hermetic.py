@@ -128,11 +128,16 @@ def machine_snapshot() -> dict[str, list[str]]:
     return snap
 
 
+# Processes that were there before and are gone after belong to another run that ended meanwhile (a
+# second e2e session, a demo): only new ones can be this run's leftovers.
+ONLY_ADDITIONS = ("node processes",)
+
+
 def differences(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
     """Human-readable differences: `<what>: + added` / `- removed`."""
     out = []
     for key, was in before.items():
         added = sorted(set(after[key]) - set(was))
-        removed = sorted(set(was) - set(after[key]))
+        removed = [] if key in ONLY_ADDITIONS else sorted(set(was) - set(after[key]))
         out += [f"{key}: + {a}" for a in added] + [f"{key}: - {r}" for r in removed]
     return out
