@@ -15,7 +15,7 @@ export GOTOOLCHAIN := local
 export GOWORK := off
 export GOFLAGS := -mod=readonly
 
-.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench soak mutation clean
+.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench bench-scale soak mutation clean
 
 all: test
 
@@ -64,6 +64,13 @@ demo-down: $(STAMP)
 
 bench: $(STAMP) harness node
 	$(NODE_ENV) $(PY) -m benchmarks.run
+
+# tessera on a kwok cluster of 1,000 GPU nodes (benchmarks/scale, BENCHMARKS.md "Scale"): about 25 minutes on
+# 2 cores and 6 GiB of memory; not part of `make test`. SCALE_ARGS="--nodes 5000" for the larger run.
+SCALE_ARGS ?= --nodes 1000
+bench-scale: $(STAMP) harness
+	@bash benchmarks/scale/build-kwok.sh
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m benchmarks.scale $(SCALE_ARGS)
 
 soak: $(STAMP) harness
 	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak

@@ -1,0 +1,182 @@
+"""The pure parts of the scale benchmark (benchmarks/scale): the node mix, the pods' claims, the fleet's
+upgraded slices and the reading of the apiserver's request counters. Nothing timed, no cluster."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from benchmarks.scale import apimetrics
+from benchmarks.scale.fleet import UPGRADED_DRIVER_VERSION, node_slices, upgraded
+from benchmarks.scale.nodemix import (
+    CLAIM_CASES,
+    FLEET,
+    KWOK_ANNOTATION,
+    apportion,
+    kwok_node,
+    plan_nodes,
+    pod_cases,
+    split,
+    template_name,
+)
+from driver.poolvalidation import validate_pool
+
+# -- the node mix -----------------------------------------------------------------------------------
+
+
+def test_a_thousand_nodes_are_exactly_600_dgx_300_a100_100_t4() -> None:
+    counts = Counter(n.profile for n in plan_nodes(1000))
+    assert counts == {"dgx-h100-8": 600, "a100-pcie-4": 300, "t4-4": 100}
+
+
+def test_dgx_nodes_publish_dynamic_mig_and_the_others_static() -> None:
+    strategies = {n.profile: n.mig_strategy for n in plan_nodes(10)}
+    assert strategies == {"dgx-h100-8": "dynamic", "a100-pcie-4": "static", "t4-4": "static"}
+
+
+def test_apportion_always_adds_up_to_the_total() -> None:
+    for total in (0, 1, 2, 3, 7, 999, 1001, 4999):
+        assert sum(apportion(total, [s.fraction for s in FLEET])) == total
+
+
+def test_apportion_gives_the_leftover_to_the_largest_remainder() -> None:
+    assert apportion(7, [0.6, 0.3, 0.1]) == [4, 2, 1]  # 4.2, 2.1, 0.7: the T4 share rounds up
+    assert apportion(1, [0.6, 0.3, 0.1]) == [1, 0, 0]
+
+
+@pytest.mark.parametrize("fractions", [[0.5, 0.4], [1.2, -0.2], []])
+def test_apportion_refuses_fractions_that_are_not_a_split_of_one(fractions: list[float]) -> None:
+    with pytest.raises(ValueError, match="add up to 1"):
+        apportion(10, fractions)
+
+
+def test_apportion_refuses_a_negative_node_count() -> None:
+    with pytest.raises(ValueError, match="node count must be >= 0"):
+        apportion(-1, [1.0])
+
+
+def test_every_prefix_of_the_plan_keeps_the_mix() -> None:
+    # a run stopped early (memory) still published a representative fleet
+    plans = plan_nodes(1000)
+    first = Counter(n.profile for n in plans[:100])
+    assert first == {"dgx-h100-8": 60, "a100-pcie-4": 30, "t4-4": 10}
+
+
+def test_node_names_are_unique_and_sort_in_plan_order() -> None:
+    names = [n.name for n in plan_nodes(5000)]
+    assert len(set(names)) == 5000
+    assert names == sorted(names)
+
+
+def test_kwok_takes_over_the_node_through_its_annotation() -> None:
+    node = kwok_node("kwok-gpu-00001")
+    assert node["metadata"]["annotations"] == {KWOK_ANNOTATION: "fake"}
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "kwok-gpu-00001"
+
+
+def test_split_spreads_the_nodes_over_the_processes_without_loss() -> None:
+    plans = plan_nodes(1001)
+    parts = split(plans, 2)
+    assert [len(p) for p in parts] == [501, 500]
+    assert sorted(n.name for p in parts for n in p) == [n.name for n in plans]
+
+
+def test_split_refuses_zero_processes() -> None:
+    with pytest.raises(ValueError, match="publisher process count must be >= 1"):
+        split(plan_nodes(3), 0)
+
+
+# -- the pods' claims ---------------------------------------------------------------------------------
+
+
+def test_pods_get_the_four_claim_kinds_in_turn() -> None:
+    cases = pod_cases(2000)
+    assert Counter(cases) == dict.fromkeys(CLAIM_CASES, 500)
+    assert cases[:4] == list(CLAIM_CASES)
+
+
+def test_pod_cases_need_at_least_one_case() -> None:
+    with pytest.raises(ValueError, match="no claim cases"):
+        pod_cases(3, ())
+
+
+def test_template_names_are_valid_object_names() -> None:
+    names = [template_name(c) for c in CLAIM_CASES]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert name == name.lower() and name.replace("-", "").isalnum() and "--" not in name, name
+
+
+def test_the_multi_card_case_asks_for_a_total_over_two_cards() -> None:
+    devices = CLAIM_CASES["20Gi across 2 cards"]["devices"]
+    assert devices["requests"][0]["exactly"]["count"] == 2
+    assert devices["config"][0]["opaque"]["parameters"]["sharing"] == {"totalMemory": "20Gi"}
+
+
+# -- the fleet's restart after a driver upgrade ---------------------------------------------------------
+
+
+def test_upgraded_slices_change_every_devices_driver_version_and_stay_valid() -> None:
+    before = node_slices("kwok-gpu-00000", "dgx-h100-8", "dynamic", upgrade=False)
+    after = node_slices("kwok-gpu-00000", "dgx-h100-8", "dynamic", upgrade=True)
+    devices = [d for s in after for d in s["spec"].get("devices") or []]
+    assert devices and all(d["attributes"]["driverVersion"] == {"version": UPGRADED_DRIVER_VERSION} for d in devices)
+    assert before != after
+    assert validate_pool(after) == []  # the apiserver must accept them (a version like 580.95.05 is refused)
+
+
+def test_upgraded_leaves_its_input_alone() -> None:
+    before = node_slices("kwok-gpu-00000", "t4-4", "static", upgrade=False)
+    version = before[0]["spec"]["devices"][0]["attributes"]["driverVersion"]
+    upgraded(before)
+    assert before[0]["spec"]["devices"][0]["attributes"]["driverVersion"] == version
+
+
+# -- the apiserver's request counters -----------------------------------------------------------------
+
+METRICS = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="POST",version="v1"} 10
+apiserver_request_total{code="200",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="PUT",version="v1"} 7
+apiserver_request_total{code="409",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="PUT",version="v1"} 2
+apiserver_request_total{code="429",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="LIST",version="v1"} 3
+apiserver_request_total{code="429",component="apiserver",group="",resource="nodes",scope="resource",subresource="",verb="GET",version="v1"} 1
+# HELP apiserver_flowcontrol_rejected_requests_total [BETA] Number of requests rejected by API Priority and Fairness
+# TYPE apiserver_flowcontrol_rejected_requests_total counter
+apiserver_flowcontrol_rejected_requests_total{flow_schema="service-accounts",priority_level="workload-low",reason="queue-full"} 4
+"""
+
+
+def test_requests_are_counted_by_verb_resource_and_code() -> None:
+    requests = apimetrics.parse_requests(METRICS)
+    assert requests[("PUT", "resourceslices", "409")] == 2
+    assert apimetrics.count_code(requests, "429") == 4
+    assert apimetrics.count_code(requests, "429", "resourceslices") == 3
+    assert apimetrics.parse_rejections(METRICS) == 4
+
+
+def test_other_metrics_do_not_count_as_requests() -> None:
+    assert apimetrics.parse_requests("# TYPE etcd_request_total counter\netcd_request_total{verb=\"GET\"} 5\n") == {}
+
+
+def test_delta_is_what_happened_between_two_readings() -> None:
+    before = apimetrics.parse_requests(METRICS)
+    after = before.copy()
+    after[("PUT", "resourceslices", "409")] += 5
+    after[("DELETE", "resourceslices", "200")] = 1
+    assert apimetrics.delta(before, after) == {("PUT", "resourceslices", "409"): 5,
+                                               ("DELETE", "resourceslices", "200"): 1}
+
+
+def test_by_verb_sorts_codes_into_ok_conflict_throttled_and_other() -> None:
+    rows = apimetrics.by_verb(apimetrics.parse_requests(METRICS), "resourceslices")
+    assert [(r.verb, r.total, r.ok, r.conflict, r.throttled, r.other) for r in rows] == [
+        ("POST", 10, 10, 0, 0, 0), ("PUT", 9, 7, 2, 0, 0), ("LIST", 3, 0, 0, 3, 0)]
+
+
+def test_last_increase_is_when_a_cumulative_count_last_went_up() -> None:
+    assert apimetrics.last_increase([(0.0, 0), (1.0, 3), (2.0, 5), (3.0, 5)]) == 2.0
+    assert apimetrics.last_increase([(0.0, 2), (1.0, 2)]) is None
+    assert apimetrics.last_increase([]) is None
