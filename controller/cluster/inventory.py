@@ -83,9 +83,7 @@ class InventoryDevice:
     def key_names(self) -> tuple[frozenset[str], frozenset[str]]:
         """The attribute and capacity keys the device has: what presence tests, `size()` and iteration
         over keys can observe."""
-        attrs = frozenset(str(k) for k in (self.spec.get("attributes") or {}))
-        caps = frozenset(str(k) for k in (self.spec.get("capacity") or {}))
-        return attrs, caps
+        return _key_set(self.spec.get("attributes")), _key_set(self.spec.get("capacity"))
 
     @property
     def device_type(self) -> str:
@@ -121,6 +119,19 @@ class InventoryDevice:
         from driver.cel import device_view
 
         return device_view(self.driver, dict(self.spec))
+
+
+# Key sets shared by every device with the same keys: a fleet has a handful of device kinds, so 100,000
+# devices need a few dozen sets instead of 200,000 (building each one was most of a first review's time).
+_KEY_SETS: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def _key_set(keys: Mapping[str, Any] | None) -> frozenset[str]:
+    names = tuple(keys or ())
+    found = _KEY_SETS.get(names)
+    if found is None:
+        found = _KEY_SETS.setdefault(names, frozenset(str(k) for k in names))
+    return found
 
 
 _LARGEST_MEMORY = ("largest_memory",)  # its key in DeviceIndex.shape_cache, apart from shape signatures

@@ -89,6 +89,14 @@ def allocated_claim(*results: dict) -> dict:
             "status": {"allocation": {"devices": {"results": list(results)}}}}
 
 
+def test_devices_with_the_same_keys_share_one_key_set():
+    # 1,000 nodes publish ~93,000 devices of a handful of kinds: one set per kind, not two per device
+    index = DeviceIndex.from_slices([slice_(f"node-{n}", [gpu("gpu-0"), gpu("gpu-1")]) for n in range(3)])
+    first, *others = index.devices
+    assert all(d.key_names[0] is first.key_names[0] and d.key_names[1] is first.key_names[1] for d in others)
+    assert first.key_names == (frozenset({"type", "productName"}), frozenset({"memory"}))
+
+
 def test_memory_usage_counts_shares_and_whole_devices():
     index = DeviceIndex.from_slices([slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")])])
     claims = [
