@@ -155,19 +155,22 @@ def _controller_and_admission(cluster: ScaleCluster, args: argparse.Namespace,
 def _scheduling(cluster: ScaleCluster, args: argparse.Namespace, report: Report) -> int:
     """Pods without claims, then as many with claims (kept for status and explain); the claims' count."""
     kube = cluster.kube
+    log = cluster.plane.processes["scheduler"].log_path if cluster.plane else None
     with report.phase("scheduling without claims"):
-        plain = measure.schedule(kube, args.pods, with_claims=False)
+        plain = measure.schedule(kube, args.pods, with_claims=False, window=args.window, scheduler_log=log)
         measure.delete_pods(kube)
     with report.phase("scheduling with claims"):
-        claims = measure.schedule(kube, args.pods, with_claims=True)
-    ratio = claims.pods_per_second / plain.pods_per_second
+        claims = measure.schedule(kube, args.pods, with_claims=True, window=args.window, scheduler_log=log)
+    ratio = claims.pods_per_second / plain.pods_per_second if plain.pods_per_second else 0.0
     report.data["scheduling"] = {"plain": asdict(plain), "claims": asdict(claims), "ratio": ratio}
-    report.add("Scheduling on the same nodes, one run", table(
-        ["pods", "count", "create s", "create -> all bound s", "pods/s bound", "-> all Running s", "ratio"],
-        [[r.label, r.pods, f"{r.create_s:.1f}", f"{r.bound_s:.1f}", f"{r.pods_per_second:.1f}",
-          f"{r.running_s:.1f}", f"{r.pods_per_second / plain.pods_per_second:.2f}"] for r in (plain, claims)])
+    report.add(f"Scheduling on the same nodes, one run (window {args.window:.0f} s each)", table(
+        ["pods", "created", "bound", "create s", "create -> last bound s", "pods/s bound", "-> all Running s",
+         "ratio", "scheduler errors"],
+        [[r.label, r.pods, r.bound, f"{r.create_s:.1f}", f"{r.bound_s:.1f}", f"{r.pods_per_second:.1f}",
+          f"{r.running_s:.1f}", f"{r.pods_per_second / plain.pods_per_second:.2f}" if plain.pods_per_second else "-",
+          "; ".join(f"{k}: {v}" for k, v in r.scheduler_errors.items()) or "none"] for r in (plain, claims)])
         + "\n\nclaims: " + ", ".join(f"{k} {v}" for k, v in claims.by_case.items()))
-    return claims.pods
+    return claims.bound
 
 
 def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Report, claims: int) -> None:
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000, help="pods per scheduling case (default 2000)")
+    parser.add_argument("--window", type=float, default=600.0,
+                        help="seconds each scheduling case may take before it is cut off (default 600)")
     parser.add_argument("--reviews", type=int, default=200, help="admission round trips per object (default 200)")
     parser.add_argument("--cli-runs", type=int, default=3, help="runs of status and explain (default 3)")
     parser.add_argument("--fleet-processes", type=int, default=2, help="processes hosting the publishers")
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     try:
         run(args, report)
-    except Exception:  # still write what was measured, and say where it broke
+    except (Exception, KeyboardInterrupt):  # still write what was measured, and say where it broke
         traceback.print_exc()
         report.add("Failed", "```\n" + traceback.format_exc()[-3000:] + "\n```")
         rc = 1

@@ -180,3 +180,13 @@ def test_last_increase_is_when_a_cumulative_count_last_went_up() -> None:
     assert apimetrics.last_increase([(0.0, 0), (1.0, 3), (2.0, 5), (3.0, 5)]) == 2.0
     assert apimetrics.last_increase([(0.0, 2), (1.0, 2)]) is None
     assert apimetrics.last_increase([]) is None
+
+
+def test_scheduler_errors_are_counted_by_cause() -> None:
+    from benchmarks.scale.measure import scheduler_errors
+
+    log = ('E1128 "Error scheduling pod; retrying" err="running \\"DynamicResources\\" filter plugin: node n1: '
+           'timed out trying to allocate devices"\nI1128 "Successfully bound pod to node"\n'
+           'E1128 err="... timed out trying to allocate devices"\n')
+    assert scheduler_errors(log) == {"timed out trying to allocate devices": 2}
+    assert scheduler_errors("I1128 all fine\n") == {}
