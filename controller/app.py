@@ -42,7 +42,7 @@ class ControllerApp:
         review_deadline_s: float = REVIEW_DEADLINE_S,
         **cache_options: Any,
     ) -> None:
-        self.cache = ClusterCache(api, **cache_options)
+        self.cache = ClusterCache(api, **{"warm": True, **cache_options})
         self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
         self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
         self.webhook = WebhookServer(

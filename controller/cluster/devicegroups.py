@@ -72,13 +72,21 @@ def shapes(
     per_device = any(not dedup_safe(text) or (not selector.reads and _mentions_maps(text))
                      for text, selector in expressions)
     reads = tuple(sorted({k for _, selector in expressions for k in read_keys(selector)} | set(extra_reads)))
-    signature = (per_device, reads, tuple(sorted(set(capacity_keys))))
+    return group(index, (per_device, reads, tuple(sorted(set(capacity_keys)))))
+
+
+Signature = tuple[bool, tuple[ReadKey, ...], tuple[str, ...]]  # (per device, reads, capacity keys)
+
+
+def group(index: DeviceIndex, signature: Signature) -> tuple[Shape, ...]:
+    """The index's devices grouped by what a signature's reads can see, cached on the index."""
     cached = index.shape_cache.get(signature)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
+    per_device, reads, capacity_keys = signature
     groups: dict[Any, tuple[InventoryDevice, Counter[str]]] = {}
     for i, device in enumerate(index.devices):
-        key = i if per_device else shape_key(device, reads, signature[2])
+        key = i if per_device else shape_key(device, reads, capacity_keys)
         entry = groups.get(key)
         if entry is None:
             entry = groups[key] = (device, Counter())
@@ -88,6 +96,11 @@ def shapes(
         index.shape_cache.clear()
     index.shape_cache[signature] = result
     return result
+
+
+def signatures(index: DeviceIndex) -> list[Signature]:
+    """The groupings reviews asked of this snapshot: what to prepare on the next one before a review needs it."""
+    return [k for k in list(index.shape_cache) if isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], bool)]
 
 
 def _mentions_maps(expression: str) -> bool:
