@@ -184,7 +184,7 @@ class ScaleCluster:
                 out.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
         return out
 
-    def _check(self, what: str, synced: int) -> None:
+    def check(self, what: str, synced: int) -> None:
         for proc in self.fleets:
             proc.check_alive()
         free = mem_available_gib()
@@ -199,7 +199,7 @@ class ScaleCluster:
             events = [e for e in self.events() if e.get("round") == round_no]
             if sum(e["event"] == "round-done" for e in events) == len(self.fleets):
                 return events
-            self._check(f"round {round_no} of publishing", sum(e["event"] == "synced" for e in events))
+            self.check(f"round {round_no} of publishing", sum(e["event"] == "synced" for e in events))
             if time.monotonic() > deadline:
                 raise ClusterError(f"round {round_no}: not every node's slices published after {timeout:.0f} s")
             time.sleep(1.0)
@@ -212,7 +212,7 @@ class ScaleCluster:
     def wait_built(self, count: int, timeout: float = 900.0) -> None:
         deadline = time.monotonic() + timeout
         while sum(e["event"] == "built" for e in self.events()) < count * len(self.fleets):
-            self._check("building the restarted publishers", len(self.nodes))
+            self.check("building the restarted publishers", len(self.nodes))
             if time.monotonic() > deadline:
                 raise ClusterError(f"the fleet did not build its new publishers within {timeout:.0f} s")
             time.sleep(1.0)

@@ -10,6 +10,7 @@ import concurrent.futures
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,13 +175,14 @@ def _not_running(kube: Kube) -> int:
     return len(kube.list("Pod", NAMESPACE, field_selector="status.phase!=Running"))
 
 
-def schedule(kube: Kube, pods: int, *, with_claims: bool, window: float, scheduler_log: Path | None = None
-             ) -> SchedulingResult:
+def schedule(kube: Kube, pods: int, *, with_claims: bool, window: float, scheduler_log: Path | None = None,
+             cases_used: tuple[str, ...] = tuple(CLAIM_CASES)) -> SchedulingResult:
     """Create `pods` pods at once and wait until all are bound and Running, for at most `window` seconds; a
     window that ends first gives the pods bound by then (the rest stay, for `tessera explain` and status)."""
-    cases = pod_cases(pods) if with_claims else ["none"] * pods
+    cases = pod_cases(pods, cases_used) if with_claims else ["none"] * pods
     if with_claims:
-        for case, spec in CLAIM_CASES.items():
+        for case in cases_used:
+            spec = CLAIM_CASES[case]
             kube.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                         "metadata": {"name": template_name(case), "namespace": NAMESPACE}, "spec": {"spec": spec}})
     log_start = scheduler_log.stat().st_size if scheduler_log else 0
@@ -211,7 +213,7 @@ def schedule(kube: Kube, pods: int, *, with_claims: bool, window: float, schedul
         with scheduler_log.open("rb") as f:
             f.seek(log_start)
             errors = scheduler_errors(f.read().decode(errors="replace"))
-    label = "with claims (4 kinds, round-robin)" if with_claims else "without claims (reference)"
+    label = f"with claims ({len(cases_used)} kinds, round-robin)" if with_claims else "without claims (reference)"
     return SchedulingResult(label, pods, created, bound_s, running_s, pods - unbound, by_case, errors)
 
 
@@ -301,6 +303,47 @@ class StormResult:
     last_429_s: float | None  # seconds after the start at which the apiserver last counted a new 429
     publisher_errors: int
     series: list[tuple[float, int]] = field(default_factory=list)  # (s since start, cumulative 429s)
+    admission: AdmissionResult | None = None  # claim reviews sent while the storm ran
+
+
+class StormReviews:
+    """10Gi share claim reviews through the apiserver, one every `pace` s, in a thread, until stopped: what a
+    user creating claims sees while every node republishes (the webhook's inventory changes under it)."""
+
+    def __init__(self, kube: Kube, pace: float = 0.25) -> None:
+        self._kube = kube
+        self._pace = pace
+        self._stop = threading.Event()
+        self._samples: list[float] = []
+        self._denied = 0
+        self._denial = ""
+        self._thread = threading.Thread(target=self._run, name="storm-reviews", daemon=True)
+
+    def __enter__(self) -> StormReviews:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                self._kube.create(_share_claim(f"storm-{i}"), dry_run=True)
+            except KubeError as exc:
+                self._denied += 1
+                self._denial = self._denial or exc.message
+            self._samples.append((time.perf_counter() - t0) * 1000)
+            i += 1
+            self._stop.wait(self._pace)
+
+    def result(self) -> AdmissionResult | None:
+        if not self._samples:
+            return None
+        return AdmissionResult(summarize(self._samples), self._samples[0], self._denied, self._denial[:300])
 
 
 def storm(cluster: ScaleCluster, *, upgrade: bool, round_no: int, timeout: float = 900.0) -> StormResult:
@@ -313,6 +356,21 @@ def storm(cluster: ScaleCluster, *, upgrade: bool, round_no: int, timeout: float
     rejected0 = apimetrics.parse_rejections(before_text)
     t0 = time.time()
     cluster.command_fleet("go")
+    with StormReviews(cluster.kube) as reviews:
+        series, events, now_text = _follow_storm(cluster, kind, round_no, before, t0=t0, timeout=timeout)
+    after = apimetrics.parse_requests(now_text)
+    starts = [e["t"] for e in events if e["event"] == "round-start"]
+    synced = sorted(e["t"] for e in events if e["event"] == "synced")
+    start = min(starts)
+    return StormResult(
+        kind, len(synced), synced[-1] - start, statistics.median(synced) - start, apimetrics.delta(before, after),
+        apimetrics.parse_rejections(now_text) - rejected0, apimetrics.last_increase(series),
+        sum(e.get("errors", 0) for e in events if e["event"] == "round-done"), series, reviews.result())
+
+
+def _follow_storm(cluster: ScaleCluster, kind: str, round_no: int, before: apimetrics.Requests, *, t0: float,
+                  timeout: float) -> tuple[list[tuple[float, int]], list[Obj], str]:
+    """Read the apiserver's 429 count every second until every fleet converged, then 5 s more."""
     series: list[tuple[float, int]] = []
     deadline = time.monotonic() + timeout
     while True:
@@ -321,24 +379,18 @@ def storm(cluster: ScaleCluster, *, upgrade: bool, round_no: int, timeout: float
         events = [e for e in cluster.events() if e.get("round") == round_no]
         if sum(e["event"] == "round-done" for e in events) == len(cluster.fleets):
             break
-        cluster._check(f"the {kind} storm", sum(e["event"] == "synced" for e in events))
+        cluster.check(f"the {kind} storm", sum(e["event"] == "synced" for e in events))
         if time.monotonic() > deadline:
             raise TimeoutError(f"{kind} storm: not converged after {timeout:.0f} s")
         time.sleep(1.0)
     # a few more seconds of readings: a 429 after the last node converged still counts
+    now_text = ""
     for _ in range(5):
         time.sleep(1.0)
         now_text = cluster.metrics_text()
         series.append((time.time() - t0, apimetrics.count_code(apimetrics.delta(before, apimetrics.parse_requests(
             now_text)), "429")))
-    after = apimetrics.parse_requests(now_text)
-    starts = [e["t"] for e in events if e["event"] == "round-start"]
-    synced = sorted(e["t"] for e in events if e["event"] == "synced")
-    start = min(starts)
-    return StormResult(
-        kind, len(synced), synced[-1] - start, statistics.median(synced) - start, apimetrics.delta(before, after),
-        apimetrics.parse_rejections(now_text) - rejected0, apimetrics.last_increase(series),
-        sum(e.get("errors", 0) for e in events if e["event"] == "round-done"), series)
+    return series, events, now_text
 
 
 def verify_upgraded(kube: Kube, nodes: int, driver_version: str) -> tuple[int, int]:

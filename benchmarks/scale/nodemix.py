@@ -34,6 +34,18 @@ FLEET: tuple[Share, ...] = (
 )
 
 
+def fleet_with(dgx_mig: str) -> tuple[Share, ...]:
+    """FLEET with the DGX nodes' MIG strategy replaced (the variant that shows what dynamic MIG costs)."""
+    if dgx_mig not in ("none", "static", "dynamic"):
+        raise ValueError(f"--dgx-mig must be none, static or dynamic, got {dgx_mig!r}")
+    return tuple(Share(s.profile, dgx_mig, s.fraction) if s.profile == "dgx-h100-8" else s for s in FLEET)
+
+
+def claim_cases(dgx_mig: str) -> tuple[str, ...]:
+    """The claim kinds this fleet can satisfy: MIG partitions only exist where DGX nodes publish dynamic MIG."""
+    return tuple(c for c in CLAIM_CASES if dgx_mig == "dynamic" or not c.startswith("MIG"))
+
+
 @dataclass(frozen=True)
 class NodePlan:
     name: str

@@ -135,18 +135,24 @@ def test_upgraded_leaves_its_input_alone() -> None:
 
 # -- the apiserver's request counters -----------------------------------------------------------------
 
-METRICS = """\
-# HELP apiserver_request_total [STABLE] Counter of apiserver requests
-# TYPE apiserver_request_total counter
-apiserver_request_total{code="201",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="POST",version="v1"} 10
-apiserver_request_total{code="200",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="PUT",version="v1"} 7
-apiserver_request_total{code="409",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="resource",subresource="",verb="PUT",version="v1"} 2
-apiserver_request_total{code="429",component="apiserver",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="LIST",version="v1"} 3
-apiserver_request_total{code="429",component="apiserver",group="",resource="nodes",scope="resource",subresource="",verb="GET",version="v1"} 1
-# HELP apiserver_flowcontrol_rejected_requests_total [BETA] Number of requests rejected by API Priority and Fairness
-# TYPE apiserver_flowcontrol_rejected_requests_total counter
-apiserver_flowcontrol_rejected_requests_total{flow_schema="service-accounts",priority_level="workload-low",reason="queue-full"} 4
-"""
+def _line(verb: str, code: str, value: int, resource: str = "resourceslices") -> str:
+    # the labels the apiserver writes, in its order
+    group = "resource.k8s.io" if resource == "resourceslices" else ""
+    return (f'apiserver_request_total{{code="{code}",component="apiserver",group="{group}",resource="{resource}",'
+            f'scope="resource",subresource="",verb="{verb}",version="v1"}} {value}')
+
+
+METRICS = "\n".join([
+    "# HELP apiserver_request_total [STABLE] Counter of apiserver requests",
+    "# TYPE apiserver_request_total counter",
+    _line("POST", "201", 10), _line("PUT", "200", 7), _line("PUT", "409", 2), _line("LIST", "429", 3),
+    _line("GET", "429", 1, "nodes"),
+    "# HELP apiserver_flowcontrol_rejected_requests_total [BETA] Requests rejected by API Priority and Fairness",
+    "# TYPE apiserver_flowcontrol_rejected_requests_total counter",
+    'apiserver_flowcontrol_rejected_requests_total{flow_schema="service-accounts",priority_level="workload-low",'
+    'reason="queue-full"} 4',
+    "",
+])
 
 
 def test_requests_are_counted_by_verb_resource_and_code() -> None:
@@ -190,3 +196,19 @@ def test_scheduler_errors_are_counted_by_cause() -> None:
            'E1128 err="... timed out trying to allocate devices"\n')
     assert scheduler_errors(log) == {"timed out trying to allocate devices": 2}
     assert scheduler_errors("I1128 all fine\n") == {}
+
+
+def test_the_static_variant_changes_only_the_dgx_nodes_and_drops_the_mig_pods() -> None:
+    from benchmarks.scale.nodemix import claim_cases, fleet_with
+
+    strategies = {n.profile: n.mig_strategy for n in plan_nodes(10, fleet_with("static"))}
+    assert strategies == {"dgx-h100-8": "static", "a100-pcie-4": "static", "t4-4": "static"}
+    assert "MIG 1g.10gb" not in claim_cases("static")
+    assert claim_cases("dynamic") == tuple(CLAIM_CASES)
+
+
+def test_an_unknown_dgx_mig_strategy_is_refused() -> None:
+    from benchmarks.scale.nodemix import fleet_with
+
+    with pytest.raises(ValueError, match="--dgx-mig must be none, static or dynamic"):
+        fleet_with("mixed")
