@@ -221,8 +221,9 @@ class ClusterCache:
 
     def _warm_index(self) -> None:
         version = self.slices.version
-        index = DeviceIndex.from_slices(self.slices.objects(), driver=self._driver, version=version)
         previous = self._index
+        index = DeviceIndex.from_slices(self.slices.objects(), driver=self._driver, version=version,
+                                        previous=previous)
         for signature in signatures(previous) if previous is not None else ():
             group(index, signature)
         index.largest_memory()

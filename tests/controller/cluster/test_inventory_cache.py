@@ -98,6 +98,16 @@ def test_devices_with_the_same_keys_share_one_key_set():
     assert first.key_names == (frozenset({"type", "productName"}), frozenset({"memory"}))
 
 
+def test_a_new_snapshot_reuses_the_devices_of_unchanged_slices():
+    # what a device cached (memory, key sets, its CEL view) survives another node's republish
+    a, b = slice_("node-a", [gpu("gpu-0")]), slice_("node-b", [gpu("gpu-0")])
+    first = DeviceIndex.from_slices([a, b])
+    b_again = slice_("node-b", [gpu("gpu-0", memory="40Gi")])
+    second = DeviceIndex.from_slices([a, b_again], previous=first)
+    assert second.devices[0] is first.devices[0]
+    assert second.devices[1] is not first.devices[1] and second.devices[1].memory == 40 * 2**30
+
+
 def test_memory_usage_counts_shares_and_whole_devices():
     index = DeviceIndex.from_slices([slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")])])
     claims = [
