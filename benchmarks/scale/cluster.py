@@ -58,6 +58,32 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def plugin_flow_objects(queue_length: int = 1000) -> list[Obj]:
+    """A priority level of their own for tessera's node agents, and the FlowSchema that sends them there.
+
+    Every node's agent runs as the same service account, so API Priority and Fairness sees 1,000 nodes as
+    one flow of the workload-low level, queued in a handful of queues of 50: a rollout storm overflows
+    them (429). Here the agents get their own seats, and a queue long enough to hold a whole fleet's burst,
+    so a request waits for its turn instead of being refused.
+    """
+    return [
+        {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+         "metadata": {"name": PLUGIN_SA},
+         "spec": {"type": "Limited", "limited": {
+             "nominalConcurrencyShares": 40,
+             "limitResponse": {"type": "Queue", "queuing": {"queues": 16, "handSize": 4,
+                                                             "queueLengthLimit": queue_length}}}}},
+        {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": PLUGIN_SA},
+         "spec": {"priorityLevelConfiguration": {"name": PLUGIN_SA}, "matchingPrecedence": 500,
+                  "distinguisherMethod": {"type": "ByUser"},
+                  "rules": [{"subjects": [{"kind": "ServiceAccount",
+                                           "serviceAccount": {"name": PLUGIN_SA, "namespace": PLUGIN_NS}}],
+                             "resourceRules": [{"verbs": ["*"], "apiGroups": ["resource.k8s.io", ""],
+                                                "resources": ["resourceslices", "nodes", "resourceclaims"],
+                                                "clusterScope": True, "namespaces": ["*"]}]}]}},
+    ]
+
+
 class MemoryGuard(RuntimeError):
     """The machine ran low on memory; the message says at what point and how much was left."""
 
@@ -69,6 +95,7 @@ class ScaleCluster:
     fleet_processes: int = 2
     client_qps: int = 5000
     min_free_gib: float = 2.0
+    plugin_flow: bool = False  # the node agents' own APF priority level (see plugin_flow_objects)
     plane: TunedControlPlane | None = None
     kwok: ManagedProcess | None = None
     fleets: list[ManagedProcess] = field(default_factory=list)
@@ -90,6 +117,9 @@ class ScaleCluster:
             if obj.get("kind") == "DeviceClass":
                 kube.apply(obj)
         self.plugin_kubeconfig = self._plugin_identity()
+        if self.plugin_flow:
+            for obj in plugin_flow_objects():
+                kube.request("POST", f"/apis/flowcontrol.apiserver.k8s.io/v1/{obj['kind'].lower()}s", obj)
 
     def _plugin_identity(self) -> Path:
         """A kubeconfig for the publishers with a service account token, as the chart's DaemonSet has.

@@ -75,10 +75,12 @@ def run(args: argparse.Namespace, report: Report) -> None:
     fleet = fleet_with(args.dgx_mig)
     nodes = plan_nodes(args.nodes, fleet)
     work = Path(tempfile.mkdtemp(prefix="tessera-scale-", dir="/tmp"))
-    cluster = ScaleCluster(work, nodes, fleet_processes=args.fleet_processes, min_free_gib=args.min_free_gib)
+    cluster = ScaleCluster(work, nodes, fleet_processes=args.fleet_processes, min_free_gib=args.min_free_gib,
+                           plugin_flow=args.plugin_flow)
     report.data["nodes"] = args.nodes
     report.data["mix"] = {s.profile: sum(n.profile == s.profile for n in nodes) for s in fleet}
     report.data["dgx_mig"] = args.dgx_mig
+    report.data["plugin_flow"] = args.plugin_flow
     report.data["stopped"] = ""
     try:
         _build(cluster, args, report)
@@ -247,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dgx-mig", choices=("dynamic", "static", "none"), default="dynamic",
                         help="MIG strategy of the DGX nodes (default dynamic, as issue 27 asks; static shows what "
                              "dynamic MIG's 152 devices and counters per node cost the scheduler)")
+    parser.add_argument("--plugin-flow", action="store_true",
+                        help="give the node agents their own API Priority and Fairness level (a FlowSchema for "
+                             "their service account) instead of the default workload-low")
     parser.add_argument("--window", type=float, default=600.0,
                         help="seconds each scheduling case may take before it is cut off (default 600)")
     parser.add_argument("--reviews", type=int, default=200, help="admission round trips per object (default 200)")

@@ -212,3 +212,14 @@ def test_an_unknown_dgx_mig_strategy_is_refused() -> None:
 
     with pytest.raises(ValueError, match="--dgx-mig must be none, static or dynamic"):
         fleet_with("mixed")
+
+
+def test_the_plugin_flow_sends_the_node_agents_service_account_to_its_own_level() -> None:
+    from benchmarks.scale.cluster import PLUGIN_NS, PLUGIN_SA, plugin_flow_objects
+
+    level, schema = plugin_flow_objects()
+    queuing = level["spec"]["limited"]["limitResponse"]["queuing"]
+    assert queuing["handSize"] <= queuing["queues"]  # the apiserver refuses a hand larger than the deck
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
+    subject = schema["spec"]["rules"][0]["subjects"][0]["serviceAccount"]
+    assert subject == {"name": PLUGIN_SA, "namespace": PLUGIN_NS}
