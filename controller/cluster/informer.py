@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from controller.cluster.devicegroups import group, signatures
+from controller.cluster.devicegroups import group, prepare_kinds, signatures
 from controller.cluster.inventory import DeviceIndex
 from driver import DRIVER_NAME as DRIVER
 from driver.backoff import Backoff
@@ -224,6 +224,7 @@ class ClusterCache:
         previous = self._index
         index = DeviceIndex.from_slices(self.slices.objects(), driver=self._driver, version=version,
                                         previous=previous)
+        prepare_kinds(index)
         for signature in signatures(previous) if previous is not None else ():
             group(index, signature)
         index.largest_memory()
@@ -232,7 +233,9 @@ class ClusterCache:
                 self._index = index
 
     def synced(self) -> bool:
-        return self.slices.synced.is_set() and self.classes.synced.is_set()
+        """The first lists are in (and, when warming, the first snapshot is built and grouped by kind)."""
+        listed = self.slices.synced.is_set() and self.classes.synced.is_set()
+        return listed and (not self._warm or self._index is not None)
 
     def wait_synced(self, timeout: float) -> bool:
         return self.slices.synced.wait(timeout) and self.classes.synced.wait(timeout)

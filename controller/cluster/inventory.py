@@ -85,6 +85,17 @@ class InventoryDevice:
         over keys can observe."""
         return _key_set(self.spec.get("attributes")), _key_set(self.spec.get("capacity"))
 
+    @cached_property
+    def kind_key(self) -> tuple[Any, ...]:
+        """Everything about the device except the attributes that only identify it (PER_DEVICE_ATTRIBUTES):
+        devices of one kind look the same to any selector that reads none of those."""
+        attrs = []
+        for key, value in (self.spec.get("attributes") or {}).items():
+            if split_qualified(key, self.driver) not in PER_DEVICE_ATTRIBUTES:
+                attrs.append((key, tuple(sorted(value.items())) if isinstance(value, Mapping) else repr(value)))
+        caps = tuple(sorted((k, repr(v)) for k, v in (self.spec.get("capacity") or {}).items()))
+        return (self.driver, self.allow_multiple, self.key_names, tuple(sorted(attrs)), caps)
+
     @property
     def device_type(self) -> str:
         value = self.attribute(DRIVER, "type")
@@ -133,6 +144,12 @@ def _key_set(keys: Mapping[str, Any] | None) -> frozenset[str]:
         found = _KEY_SETS.setdefault(names, frozenset(str(k) for k in names))
     return found
 
+
+# What tells one GPU (or MIG placement) from its twins on other nodes; a kind of device is everything else.
+PER_DEVICE_ATTRIBUTES = frozenset({
+    (DRIVER, "uuid"), (DRIVER, "parentUUID"), (DRIVER, "nvlinkIsland"),
+    ("resource.kubernetes.io", "pciBusID"), ("resource.kubernetes.io", "pcieRoot"),
+})
 
 _LARGEST_MEMORY = ("largest_memory",)  # its key in DeviceIndex.shape_cache, apart from shape signatures
 
