@@ -95,7 +95,6 @@ class ScaleCluster:
     fleet_processes: int = 2
     client_qps: int = 5000
     min_free_gib: float = 2.0
-    plugin_flow: bool = False  # the node agents' own APF priority level (see plugin_flow_objects)
     plane: TunedControlPlane | None = None
     kwok: ManagedProcess | None = None
     fleets: list[ManagedProcess] = field(default_factory=list)
@@ -117,9 +116,11 @@ class ScaleCluster:
             if obj.get("kind") == "DeviceClass":
                 kube.apply(obj)
         self.plugin_kubeconfig = self._plugin_identity()
-        if self.plugin_flow:
-            for obj in plugin_flow_objects():
-                kube.request("POST", f"/apis/flowcontrol.apiserver.k8s.io/v1/{obj['kind'].lower()}s", obj)
+
+    def add_plugin_flow(self) -> None:
+        """The node agents' own API Priority and Fairness level (plugin_flow_objects)."""
+        for obj in plugin_flow_objects():
+            self.kube.request("POST", f"/apis/flowcontrol.apiserver.k8s.io/v1/{obj['kind'].lower()}s", obj)
 
     def _plugin_identity(self) -> Path:
         """A kubeconfig for the publishers with a service account token, as the chart's DaemonSet has.

@@ -42,6 +42,7 @@ from driver.slices import build_slices
 from kubeletplugin.publisher import Publisher
 
 Obj = dict[str, Any]
+ORIGINAL_DRIVER_VERSION = "550.54.15"  # what the simulated profiles publish
 UPGRADED_DRIVER_VERSION = "580.95.5"  # semver: no leading zeros, or the apiserver says 422
 
 

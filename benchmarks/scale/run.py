@@ -34,7 +34,7 @@ import structlog
 
 from benchmarks.scale import apimetrics, measure
 from benchmarks.scale.cluster import MemoryGuard, ScaleCluster, mem_available_gib
-from benchmarks.scale.fleet import UPGRADED_DRIVER_VERSION
+from benchmarks.scale.fleet import ORIGINAL_DRIVER_VERSION, UPGRADED_DRIVER_VERSION
 from benchmarks.scale.nodemix import claim_cases, fleet_with, plan_nodes
 from benchmarks.stats import SUMMARY_HEADERS, machine, table
 from e2e.processes import stop_leftovers
@@ -75,8 +75,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
     fleet = fleet_with(args.dgx_mig)
     nodes = plan_nodes(args.nodes, fleet)
     work = Path(tempfile.mkdtemp(prefix="tessera-scale-", dir="/tmp"))
-    cluster = ScaleCluster(work, nodes, fleet_processes=args.fleet_processes, min_free_gib=args.min_free_gib,
-                           plugin_flow=args.plugin_flow)
+    cluster = ScaleCluster(work, nodes, fleet_processes=args.fleet_processes, min_free_gib=args.min_free_gib)
     report.data["nodes"] = args.nodes
     report.data["mix"] = {s.profile: sum(n.profile == s.profile for n in nodes) for s in fleet}
     report.data["dgx_mig"] = args.dgx_mig
@@ -96,7 +95,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
              f"RSS after admission + {claims} claims MiB", "peak RSS MiB"],
             [[f"{ctrl.listening_s:.1f}", f"{ctrl.synced_s:.1f}", f"{ctrl.rss_synced_mib:.0f}",
               f"{ctrl.rss_after_mib:.0f}", f"{ctrl.peak_mib:.0f}"]]))
-        _storms(cluster, args, report)
+        if not args.skip_storms:
+            _storms(cluster, args, report)
     except MemoryGuard as exc:
         report.data["stopped"] = str(exc)
         report.add("Stopped: not enough memory", str(exc))
@@ -198,7 +198,14 @@ def _storms(cluster: ScaleCluster, args: argparse.Namespace, report: Report) -> 
     for round_no, upgrade in ((2, False), (3, True)):
         with report.phase(f"storm {'upgrade' if upgrade else 'restart'}"):
             storms.append(measure.storm(cluster, upgrade=upgrade, round_no=round_no))
-    current, total = measure.verify_upgraded(cluster.kube, args.nodes, UPGRADED_DRIVER_VERSION)
+    if args.plugin_flow:
+        # the same upgrade again (back to the first slices), the node agents now in a priority level of their own
+        cluster.add_plugin_flow()
+        with report.phase("storm upgrade, own priority level"):
+            storms.append(measure.storm(cluster, upgrade=False, round_no=4, kind="upgrade, own APF level"))
+    # after the last storm every slice must carry its driverVersion (the upgrade's, or again the first one's)
+    version = UPGRADED_DRIVER_VERSION if storms[-1].kind == "upgrade" else ORIGINAL_DRIVER_VERSION
+    current, total = measure.verify_upgraded(cluster.kube, args.nodes, version)
     report.data["storms"] = [{**asdict(s), "requests": {"/".join(k): v for k, v in s.requests.items()}}
                              for s in storms]
     report.data["storm_verified"] = [current, total]
@@ -212,8 +219,8 @@ def _verb_table(requests: apimetrics.Requests) -> str:
 
 
 def _storm_title(storms: list[measure.StormResult], current: int, total: int) -> str:
-    return (f"Rollout storm: every publisher restarts at once ({storms[0].nodes} nodes); after the upgrade "
-            f"{current} of {total} slices carry the new driverVersion")
+    return (f"Rollout storm: every publisher restarts at once ({storms[0].nodes} nodes); after the last one "
+            f"{current} of {total} slices carry its driverVersion")
 
 
 def _storm_tables(storms: list[measure.StormResult]) -> str:
@@ -250,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="MIG strategy of the DGX nodes (default dynamic, as issue 27 asks; static shows what "
                              "dynamic MIG's 152 devices and counters per node cost the scheduler)")
     parser.add_argument("--plugin-flow", action="store_true",
-                        help="give the node agents their own API Priority and Fairness level (a FlowSchema for "
-                             "their service account) instead of the default workload-low")
+                        help="after the storms, give the node agents their own API Priority and Fairness level (a "
+                             "FlowSchema for their service account) and storm once more")
+    parser.add_argument("--skip-storms", action="store_true", help="leave out the rollout storms")
     parser.add_argument("--window", type=float, default=600.0,
                         help="seconds each scheduling case may take before it is cut off (default 600)")
     parser.add_argument("--reviews", type=int, default=200, help="admission round trips per object (default 200)")

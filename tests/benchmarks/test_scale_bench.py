@@ -223,3 +223,11 @@ def test_the_plugin_flow_sends_the_node_agents_service_account_to_its_own_level(
     assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
     subject = schema["spec"]["rules"][0]["subjects"][0]["serviceAccount"]
     assert subject == {"name": PLUGIN_SA, "namespace": PLUGIN_NS}
+
+
+def test_the_original_driver_version_is_what_the_simulated_profiles_publish() -> None:
+    from benchmarks.scale.fleet import ORIGINAL_DRIVER_VERSION
+
+    for profile, mig in (("dgx-h100-8", "dynamic"), ("a100-pcie-4", "static"), ("t4-4", "static")):
+        devices = [d for s in node_slices("n", profile, mig, upgrade=False) for d in s["spec"]["devices"]]
+        assert {d["attributes"]["driverVersion"]["version"] for d in devices} == {ORIGINAL_DRIVER_VERSION}
