@@ -229,5 +229,5 @@ def test_the_original_driver_version_is_what_the_simulated_profiles_publish() ->
     from benchmarks.scale.fleet import ORIGINAL_DRIVER_VERSION
 
     for profile, mig in (("dgx-h100-8", "dynamic"), ("a100-pcie-4", "static"), ("t4-4", "static")):
-        devices = [d for s in node_slices("n", profile, mig, upgrade=False) for d in s["spec"]["devices"]]
+        devices = [d for s in node_slices("n", profile, mig, upgrade=False) for d in s["spec"].get("devices", [])]
         assert {d["attributes"]["driverVersion"]["version"] for d in devices} == {ORIGINAL_DRIVER_VERSION}
