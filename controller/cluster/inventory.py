@@ -94,7 +94,11 @@ class InventoryDevice:
             if split_qualified(key, self.driver) not in PER_DEVICE_ATTRIBUTES:
                 attrs.append((key, tuple(sorted(value.items())) if isinstance(value, Mapping) else repr(value)))
         caps = tuple(sorted((k, repr(v)) for k, v in (self.spec.get("capacity") or {}).items()))
-        return (self.driver, self.allow_multiple, self.key_names, tuple(sorted(attrs)), caps)
+        key = (self.driver, self.allow_multiple, self.key_names, tuple(sorted(attrs)), caps)
+        # one instance per kind, like the key sets: 93,000 devices keep a reference, not a copy each
+        if len(_KIND_KEYS) > 100_000:
+            _KIND_KEYS.clear()
+        return _KIND_KEYS.setdefault(key, key)
 
     @property
     def device_type(self) -> str:
@@ -135,6 +139,7 @@ class InventoryDevice:
 # Key sets shared by every device with the same keys: a fleet has a handful of device kinds, so 100,000
 # devices need a few dozen sets instead of 200,000 (building each one was most of a first review's time).
 _KEY_SETS: dict[tuple[str, ...], frozenset[str]] = {}
+_KIND_KEYS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _key_set(keys: Mapping[str, Any] | None) -> frozenset[str]:

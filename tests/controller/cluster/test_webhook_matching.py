@@ -226,3 +226,10 @@ def test_a_read_of_a_per_device_attribute_groups_every_device() -> None:
     shapes_by_uuid = _grouped(index, (("attribute", "gpu.tessera.dev", "uuid"),))
     assert shapes_by_uuid == _grouped(_fleet_index(), (("attribute", "gpu.tessera.dev", "uuid"),))
     assert len(shapes_by_uuid) == 3 * 8 + 1  # every GPU apart; MIG placements have no uuid
+
+
+def test_devices_of_one_kind_share_one_kind_key() -> None:
+    # 93,000 devices of a few dozen kinds: one key per kind in memory, not one per device
+    index = _fleet_index(2)
+    twins = [d for d in index.devices if d.name == "gpu-0"]
+    assert len(twins) == 2 and twins[0].kind_key is twins[1].kind_key
