@@ -307,17 +307,24 @@ class StormResult:
     publisher_errors: int
     series: list[tuple[float, int]] = field(default_factory=list)  # (s since start, cumulative 429s)
     admission: AdmissionResult | None = None  # claim reviews sent while the storm ran
+    reference: AdmissionResult | None = None  # ConfigMap creates (no webhook) sent right after each of them
+
+
+def _config_map(name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
+            "data": {"k": "v"}}
 
 
 class StormReviews:
-    """10Gi share claim reviews through the apiserver, one every `pace` s, in a thread, until stopped: what a
-    user creating claims sees while every node republishes (the webhook's inventory changes under it)."""
+    """Dry-run creates through the apiserver, in a thread, until stopped: a 10Gi share claim (which tessera's
+    webhooks review) and, right after it, a ConfigMap (which no webhook sees), the reference taken in the
+    same instant; one pair every `pace` s. What a user creating claims sees while every node republishes."""
 
     def __init__(self, kube: Kube, pace: float = 0.25) -> None:
         self._kube = kube
         self._pace = pace
         self._stop = threading.Event()
-        self._samples: list[float] = []
+        self._samples: dict[str, list[float]] = {"claim": [], "reference": []}
         self._denied = 0
         self._denial = ""
         self._thread = threading.Thread(target=self._run, name="storm-reviews", daemon=True)
@@ -330,23 +337,29 @@ class StormReviews:
         self._stop.set()
         self._thread.join(60)
 
+    def _timed(self, what: str, obj: Obj) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._kube.create(obj, dry_run=True)
+        except KubeError as exc:
+            self._denied += what == "claim"
+            self._denial = self._denial or exc.message
+        self._samples[what].append((time.perf_counter() - t0) * 1000)
+
     def _run(self) -> None:
         i = 0
         while not self._stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                self._kube.create(_share_claim(f"storm-{i}"), dry_run=True)
-            except KubeError as exc:
-                self._denied += 1
-                self._denial = self._denial or exc.message
-            self._samples.append((time.perf_counter() - t0) * 1000)
+            self._timed("claim", _share_claim(f"storm-{i}"))
+            self._timed("reference", _config_map(f"storm-{i}"))
             i += 1
             self._stop.wait(self._pace)
 
-    def result(self) -> AdmissionResult | None:
-        if not self._samples:
+    def result(self, what: str = "claim") -> AdmissionResult | None:
+        samples = self._samples[what]
+        if not samples:
             return None
-        return AdmissionResult(summarize(self._samples), self._samples[0], self._denied, self._denial[:300])
+        return AdmissionResult(summarize(samples), samples[0], self._denied if what == "claim" else 0,
+                               self._denial[:300])
 
 
 def storm(cluster: ScaleCluster, *, upgrade: bool, round_no: int, timeout: float = 900.0,
@@ -370,7 +383,8 @@ def storm(cluster: ScaleCluster, *, upgrade: bool, round_no: int, timeout: float
     return StormResult(
         kind, len(synced), synced[-1] - start, statistics.median(synced) - start, apimetrics.delta(before, after),
         apimetrics.parse_rejections(now_text) - rejected0, apimetrics.last_increase(series),
-        sum(e.get("errors", 0) for e in events if e["event"] == "round-done"), series, reviews.result())
+        sum(e.get("errors", 0) for e in events if e["event"] == "round-done"), series, reviews.result(),
+        reviews.result("reference"))
 
 
 def _follow_storm(cluster: ScaleCluster, kind: str, round_no: int, before: apimetrics.Requests, *, t0: float,
