@@ -97,6 +97,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
               f"{ctrl.rss_after_mib:.0f}", f"{ctrl.peak_mib:.0f}"]]))
         if not args.skip_storms:
             _storms(cluster, args, report)
+        if args.webhook_reference:
+            _scheduling_without_webhooks(cluster, args, report)
     except MemoryGuard as exc:
         report.data["stopped"] = str(exc)
         report.add("Stopped: not enough memory", str(exc))
@@ -176,6 +178,29 @@ def _scheduling(cluster: ScaleCluster, args: argparse.Namespace, report: Report)
           "; ".join(f"{k}: {v}" for k, v in r.scheduler_errors.items()) or "none"] for r in (plain, claims)])
         + "\n\nclaims: " + ", ".join(f"{k} {v}" for k, v in claims.by_case.items()))
     return claims.bound
+
+
+def _scheduling_without_webhooks(cluster: ScaleCluster, args: argparse.Namespace, report: Report) -> None:
+    """The claims case once more with tessera's webhooks unregistered: what the webhooks add to scheduling.
+    The multi-card case is left out (without the mutating webhook it is a different request)."""
+    kube = cluster.kube
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        kube.delete(kind, "tessera")
+    log = cluster.plane.processes["scheduler"].log_path if cluster.plane else None
+    cases = tuple(c for c in claim_cases(args.dgx_mig) if "across" not in c)
+    with report.phase("scheduling with claims, no webhooks"):
+        bare = measure.schedule(kube, args.pods, with_claims=True, window=args.window, scheduler_log=log,
+                                cases_used=cases)
+        measure.delete_pods(kube)
+    report.data["scheduling_no_webhooks"] = asdict(bare)
+    plain = report.data["scheduling"]["plain"]
+    ratio = bare.pods_per_second / (plain["bound"] / plain["bound_s"]) if plain["bound_s"] else 0.0
+    report.add("Scheduling with claims, tessera's webhooks unregistered (same run)", table(
+        ["pods", "created", "bound", "create -> last bound s", "pods/s bound", "ratio to no claims",
+         "scheduler errors"],
+        [[bare.label, bare.pods, bare.bound, f"{bare.bound_s:.1f}", f"{bare.pods_per_second:.1f}", f"{ratio:.2f}",
+          "; ".join(f"{k}: {v}" for k, v in bare.scheduler_errors.items()) or "none"]])
+        + "\n\nclaims: " + ", ".join(f"{k} {v}" for k, v in bare.by_case.items()))
 
 
 def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Report, claims: int) -> None:
@@ -263,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the storms, give the node agents their own API Priority and Fairness level (a "
                              "FlowSchema for their service account) and storm once more")
     parser.add_argument("--skip-storms", action="store_true", help="leave out the rollout storms")
+    parser.add_argument("--webhook-reference", action="store_true",
+                        help="at the end, schedule the claims once more with tessera's webhooks unregistered")
     parser.add_argument("--window", type=float, default=600.0,
                         help="seconds each scheduling case may take before it is cut off (default 600)")
     parser.add_argument("--reviews", type=int, default=200, help="admission round trips per object (default 200)")
