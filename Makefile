@@ -66,7 +66,9 @@ bench: $(STAMP) harness node
 	$(NODE_ENV) $(PY) -m benchmarks.run
 
 # tessera on a kwok cluster of 1,000 GPU nodes (benchmarks/scale, BENCHMARKS.md "Scale"): about 25 minutes on
-# 2 cores and 6 GiB of memory; not part of `make test`. SCALE_ARGS="--nodes 5000" for the larger run.
+# 2 cores, up to 16 GiB of memory at its peak; not part of `make test`. It builds kwok (benchmarks/scale/
+# build-kwok.sh, cached like the harness) and stops cleanly under --min-free-gib. SCALE_ARGS for variants,
+# e.g. SCALE_ARGS="--nodes 1000 --dgx-mig static --webhook-reference".
 SCALE_ARGS ?= --nodes 1000
 bench-scale: $(STAMP) harness
 	@bash benchmarks/scale/build-kwok.sh

@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-storms", action="store_true", help="leave out the rollout storms")
     parser.add_argument("--webhook-reference", action="store_true",
                         help="at the end, schedule the claims once more with tessera's webhooks unregistered")
-    parser.add_argument("--window", type=float, default=600.0,
-                        help="seconds each scheduling case may take before it is cut off (default 600)")
+    parser.add_argument("--window", type=float, default=300.0,
+                        help="seconds each scheduling case may take before it is cut off (default 300)")
     parser.add_argument("--reviews", type=int, default=200, help="admission round trips per object (default 200)")
     parser.add_argument("--cli-runs", type=int, default=3, help="runs of status and explain (default 3)")
     parser.add_argument("--fleet-processes", type=int, default=2, help="processes hosting the publishers")
