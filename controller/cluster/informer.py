@@ -10,6 +10,7 @@ whatever snapshot is there and skips inventory checks until the first list has a
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -238,7 +239,15 @@ class ClusterCache:
         return listed and (not self._warm or self._index is not None)
 
     def wait_synced(self, timeout: float) -> bool:
-        return self.slices.synced.wait(timeout) and self.classes.synced.wait(timeout)
+        """Block until `synced()` (with warming, until the first snapshot is built too); False after `timeout`."""
+        deadline = time.monotonic() + timeout
+        if not (self.slices.synced.wait(timeout) and self.classes.synced.wait(max(0.0, deadline - time.monotonic()))):
+            return False
+        while not self.synced():
+            if time.monotonic() > deadline:
+                return False
+            self._stopping.wait(0.02)
+        return True
 
     def index(self) -> DeviceIndex | None:
         """The device snapshot, rebuilt only when the slices changed; None before the first list."""
