@@ -16,6 +16,7 @@ export GOWORK := off
 export GOFLAGS := -mod=readonly
 
 .PHONY: all venv lint unit e2e test harness node image demo demo-down proto bench soak mutation clean
+.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench bench-scale soak mutation clean
 
 all: test
 
@@ -71,6 +72,15 @@ demo-down: $(STAMP)
 
 bench: $(STAMP) harness node
 	$(NODE_ENV) $(PY) -m benchmarks.run
+
+# tessera on a kwok cluster of 1,000 GPU nodes (benchmarks/scale, BENCHMARKS.md "Scale"): about 25 minutes on
+# 2 cores, up to 16 GiB of memory at its peak; not part of `make test`. It builds kwok (benchmarks/scale/
+# build-kwok.sh, cached like the harness) and stops cleanly under --min-free-gib. SCALE_ARGS for variants,
+# e.g. SCALE_ARGS="--nodes 1000 --dgx-mig static --webhook-reference".
+SCALE_ARGS ?= --nodes 1000
+bench-scale: $(STAMP) harness
+	@bash benchmarks/scale/build-kwok.sh
+	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m benchmarks.scale $(SCALE_ARGS)
 
 soak: $(STAMP) harness
 	TESSERA_HARNESS="$$(bash e2e/harness/build.sh --print-path)" $(PY) -m e2e.soak

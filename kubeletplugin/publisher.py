@@ -128,6 +128,11 @@ class Publisher:
         self._own_deletes: set[str] = set()
         self._generation = 0
         self._failing = False
+        # The resourceVersion of the sync's latest list and how many lists there were: the watch starts
+        # from it instead of listing on its own, which halves the lists of 1,000 nodes that restart at once.
+        self._listed = threading.Condition(threading.Lock())
+        self._list_count = 0
+        self._list_version = ""
 
         # Counters for metrics.
         self.syncs = 0  # successful syncs, whether or not they had to write
@@ -236,6 +241,10 @@ class Publisher:
 
     def _list_own(self) -> list[Obj]:
         listed = self._api.list_resource_slices(field_selector=self._selector)
+        with self._listed:
+            self._list_count += 1
+            self._list_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+            self._listed.notify_all()
         return [
             obj for obj in listed.get("items", [])
             if obj.get("spec", {}).get("driver") == DRIVER_NAME and obj.get("spec", {}).get("nodeName") == self._node
@@ -408,19 +417,33 @@ class Publisher:
             and self._same_content(written["metadata"]["name"], written, event.object)
         )
 
+    def _watch_start(self, used: int) -> tuple[str, int] | None:
+        """Where the watch starts: (resourceVersion, number) of the sync's latest list once there was one after
+        the `used`th; None once stopping. After a break (`used` > 0) the sync is asked for that list: changes
+        made while the watch was down were never seen, and its list checks the pool."""
+        if used:
+            self._wake.set()
+        with self._listed:
+            while self._list_count <= used:
+                if self._stop.is_set():
+                    return None
+                self._listed.wait(0.5)
+            return self._list_version, self._list_count
+
     def _run_watch(self) -> None:
         resource_version = ""
         broken = False
+        used = 0  # the sync's list the watch last started from: it needs a newer one after a break
         while not self._stop.is_set():
             try:
                 if not resource_version:
-                    listed = self._api.list_resource_slices(field_selector=self._selector)
-                    resource_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                    listed = self._watch_start(used)
+                    if listed is None:
+                        return
+                    resource_version, used = listed
                     if broken:
-                        # Changes made while the watch was down were never seen: check the pool now.
                         log.info("ResourceSlice watch restored", node=self._node)
                         broken = False
-                        self._wake.set()
                 for event in self._api.watch_resource_slices(resource_version, field_selector=self._selector,
                                                              timeout_seconds=self._watch_timeout):
                     if self._stop.is_set():

@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from controller.cluster.celtext import skip_string
-from controller.cluster.inventory import DeviceIndex, InventoryDevice
+from controller.cluster.inventory import PER_DEVICE_ATTRIBUTES, DeviceIndex, InventoryDevice
 
 if TYPE_CHECKING:
     from driver.cel import CompiledSelector
@@ -72,22 +72,65 @@ def shapes(
     per_device = any(not dedup_safe(text) or (not selector.reads and _mentions_maps(text))
                      for text, selector in expressions)
     reads = tuple(sorted({k for _, selector in expressions for k in read_keys(selector)} | set(extra_reads)))
-    signature = (per_device, reads, tuple(sorted(set(capacity_keys))))
+    return group(index, (per_device, reads, tuple(sorted(set(capacity_keys)))))
+
+
+Signature = tuple[bool, tuple[ReadKey, ...], tuple[str, ...]]  # (per device, reads, capacity keys)
+
+
+def group(index: DeviceIndex, signature: Signature) -> tuple[Shape, ...]:
+    """The index's devices grouped by what a signature's reads can see, cached on the index."""
     cached = index.shape_cache.get(signature)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
+    per_device, reads, capacity_keys = signature
     groups: dict[Any, tuple[InventoryDevice, Counter[str]]] = {}
-    for i, device in enumerate(index.devices):
-        key = i if per_device else shape_key(device, reads, signature[2])
-        entry = groups.get(key)
-        if entry is None:
-            entry = groups[key] = (device, Counter())
-        entry[1][device.node] += 1
+    known_kinds = index.shape_cache.get(_KINDS)
+    if known_kinds is not None and not per_device and _kinds_suffice(reads):
+        # a few hundred kinds stand for 100,000 devices; they come in first-fit order of their first device
+        for device, nodes in known_kinds:
+            kind_entry = groups.setdefault(shape_key(device, reads, capacity_keys), (device, Counter()))
+            kind_entry[1].update(nodes)
+    else:
+        for i, device in enumerate(index.devices):
+            key = i if per_device else shape_key(device, reads, capacity_keys)
+            entry = groups.get(key)
+            if entry is None:
+                entry = groups[key] = (device, Counter())
+            entry[1][device.node] += 1
     result = tuple(Shape(device, dict(nodes)) for device, nodes in groups.values())
     if len(index.shape_cache) >= MAX_CACHED_GROUPINGS:
         index.shape_cache.clear()
     index.shape_cache[signature] = result
     return result
+
+
+_KINDS = ("kinds",)  # its key in DeviceIndex.shape_cache, apart from signatures
+
+
+def prepare_kinds(index: DeviceIndex) -> None:
+    """Group the index's devices by kind (InventoryDevice.kind_key), once, so later groupings by any reads
+    that see no per-device attribute walk kinds instead of devices. The controller's warmer calls it."""
+    if _KINDS in index.shape_cache:
+        return
+    kinds: dict[Any, tuple[InventoryDevice, Counter[str]]] = {}
+    for device in index.devices:
+        entry = kinds.get(device.kind_key)
+        if entry is None:
+            entry = kinds[device.kind_key] = (device, Counter())
+        entry[1][device.node] += 1
+    index.shape_cache[_KINDS] = tuple((device, dict(nodes)) for device, nodes in kinds.values())
+
+
+def _kinds_suffice(reads: Iterable[ReadKey]) -> bool:
+    # a dynamic key or a per-device attribute can tell twins apart: then only the devices themselves will do
+    return all(name != "*" and domain != "*" and (kind != "attribute" or (domain, name) not in PER_DEVICE_ATTRIBUTES)
+               for kind, domain, name in reads)
+
+
+def signatures(index: DeviceIndex) -> list[Signature]:
+    """The groupings reviews asked of this snapshot: what to prepare on the next one before a review needs it."""
+    return [k for k in list(index.shape_cache) if isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], bool)]
 
 
 def _mentions_maps(expression: str) -> bool:

@@ -10,11 +10,13 @@ whatever snapshot is there and skips inventory checks until the first list has a
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import structlog
 
+from controller.cluster.devicegroups import group, prepare_kinds, signatures
 from controller.cluster.inventory import DeviceIndex
 from controller.cluster.objects import by_name, object_ref
 from driver import DRIVER_NAME
@@ -145,18 +147,31 @@ class Reflector:
 
 
 class ClusterCache:
-    """ResourceSlices (tessera's driver only), DeviceClasses and ResourceClaims, watched."""
+    """ResourceSlices (tessera's driver only), DeviceClasses and ResourceClaims, watched.
+
+    With `warm`, a thread builds the device snapshot after the slices change (once a burst of changes
+    settled for `warm_delay` s) and groups it the way reviews grouped the previous one, so no review pays
+    for a new snapshot: at 1,000 nodes (93,000 devices) that first grouping takes seconds, longer than a
+    review's deadline, and during a rollout every node's slices change. Reviews then see the slices as
+    they were up to about a second ago; the scheduler, not the webhook, is the authority on them.
+    """
 
     def __init__(self, api: ClusterReader, *, driver: str = DRIVER_NAME, watch_timeout: int = 300,
-                 **backoff: Any) -> None:
+                 warm: bool = False, warm_delay: float = 0.2, **backoff: Any) -> None:
         selector = f"spec.driver={driver}"
         self._driver = driver
         self._index_lock = threading.Lock()
         self._index: DeviceIndex | None = None
+        self._warm = warm
+        self._warm_delay = warm_delay
+        self._slices_changed = threading.Event()
+        self._stopping = threading.Event()
+        self._warmer: threading.Thread | None = None
         self.slices = Reflector(
             "resourceslices",
             lambda: api.list_resource_slices(field_selector=selector),
             lambda rv: api.watch_resource_slices(rv, field_selector=selector, timeout_seconds=watch_timeout),
+            on_change=self._slices_changed.set,
             **backoff,
         )
         self.classes = Reflector(
@@ -176,23 +191,65 @@ class ClusterCache:
     def start(self) -> None:
         for reflector in self._reflectors:
             reflector.start()
+        if self._warm:
+            self._warmer = threading.Thread(target=self._run_warmer, name="inventory-warmer", daemon=True)
+            self._warmer.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         for reflector in self._reflectors:
             reflector._stop.set()
         for reflector in self._reflectors:
             reflector.stop(timeout=1.0)
+        if self._warmer is not None:
+            self._warmer.join(timeout=1.0)
+
+    def _run_warmer(self) -> None:
+        while not self._stopping.is_set():
+            if not self._slices_changed.wait(0.5):
+                continue
+            self._stopping.wait(self._warm_delay)  # let a burst of slice events (one node's pool) settle
+            self._slices_changed.clear()
+            try:
+                self._warm_index()
+            except Exception:  # a malformed slice must not stop the warming; reviews build their own meanwhile
+                log.exception("building the device snapshot failed")
+
+    def _warm_index(self) -> None:
+        version = self.slices.version
+        previous = self._index
+        index = DeviceIndex.from_slices(self.slices.objects(), driver=self._driver, version=version,
+                                        previous=previous)
+        prepare_kinds(index)
+        for signature in signatures(previous) if previous is not None else ():
+            group(index, signature)
+        index.largest_memory()
+        with self._index_lock:
+            if self._index is None or self._index.version < version:
+                self._index = index
 
     def synced(self) -> bool:
-        return self.slices.synced.is_set() and self.classes.synced.is_set()
+        """The first lists are in (and, when warming, the first snapshot is built and grouped by kind)."""
+        listed = self.slices.synced.is_set() and self.classes.synced.is_set()
+        return listed and (not self._warm or self._index is not None)
 
     def wait_synced(self, timeout: float) -> bool:
-        return self.slices.synced.wait(timeout) and self.classes.synced.wait(timeout)
+        """Block until `synced()` (with warming, until the first snapshot is built too); False after `timeout`."""
+        deadline = time.monotonic() + timeout
+        if not (self.slices.synced.wait(timeout) and self.classes.synced.wait(max(0.0, deadline - time.monotonic()))):
+            return False
+        while not self.synced():
+            if time.monotonic() > deadline:
+                return False
+            self._stopping.wait(0.02)
+        return True
 
     def index(self) -> DeviceIndex | None:
         """The device snapshot, rebuilt only when the slices changed; None before the first list."""
         if not self.slices.synced.is_set():
             return None
+        if self._warm and self._index is not None:
+            return self._index  # the warmer's latest; it follows the slices by about a second
         version = self.slices.version
         with self._index_lock:
             if self._index is None or self._index.version != version:

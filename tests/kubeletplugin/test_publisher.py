@@ -434,6 +434,21 @@ class WatchlessKubeAPI(FakeKubeAPI):
         return super().watch_resource_slices(resource_version, field_selector, timeout_seconds)
 
 
+def test_a_start_lists_the_pool_once_and_the_watch_starts_from_that_list(fake: FakeKubeAPI) -> None:
+    # 1,000 publishers that restart at once: a second list per node only adds to the apiserver's queue
+    pub = Publisher(fake, NODE, one_slice(), watch_timeout=1, resync_interval=3600)
+    pub.start()
+    try:
+        assert pub.wait_synced(5)
+        eventually(lambda: fake._watchers)
+        assert fake.calls.count("list_slices") == 1
+        fake.external_delete_slice(slice_name(NODE, 0))  # the watch (from the list's version) sees it
+        eventually(lambda: slice_name(NODE, 0) in fake.slices)
+    finally:
+        pub.stop()
+        fake.close_watches()
+
+
 def test_changes_made_while_the_watch_was_down_are_repaired_once_it_is_back() -> None:
     api = WatchlessKubeAPI()
     api.add_node(NODE)

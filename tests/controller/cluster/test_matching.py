@@ -174,3 +174,62 @@ def test_nearest_miss_reports_the_capacity_shortfall():
 )
 def test_split_conjuncts(expression, parts):
     assert split_conjuncts(expression) == parts
+
+
+# -- device kinds: a fleet of identical nodes grouped by kind, not device by device ---------------------------
+
+def _fleet_index(nodes: int = 3) -> DeviceIndex:
+    from driver.discovery import load_inventory
+    from driver.slices import build_slices
+
+    slices = [s for n in range(nodes)
+              for s in build_slices(load_inventory(f"dgx-{n}", simulate="dgx-h100-8"), mig_strategy="dynamic")]
+    return DeviceIndex.from_slices(slices)
+
+
+def _grouped(index: DeviceIndex, reads: tuple, capacity: tuple = ()) -> list:
+    from controller.cluster.devicegroups import group
+
+    return [(s.device.ref, s.per_node) for s in group(index, (False, reads, capacity))]
+
+
+READS_TYPE_MEMORY = (("attribute", "gpu.tessera.dev", "type"), ("capacity", "gpu.tessera.dev", "memory"))
+
+
+def test_grouping_by_kind_gives_the_same_shapes_as_grouping_every_device() -> None:
+    from controller.cluster.devicegroups import prepare_kinds
+
+    plain, by_kind = _fleet_index(), _fleet_index()
+    prepare_kinds(by_kind)
+    for reads, capacity in ((READS_TYPE_MEMORY, ()), (READS_TYPE_MEMORY, ("memory",)), ((), ())):
+        assert _grouped(by_kind, reads, capacity) == _grouped(plain, reads, capacity)
+
+
+def test_grouping_walks_kinds_not_devices_once_they_are_prepared(monkeypatch) -> None:
+    from controller.cluster import devicegroups
+
+    index = _fleet_index()
+    devicegroups.prepare_kinds(index)
+    calls = []
+    real = devicegroups.shape_key
+    monkeypatch.setattr(devicegroups, "shape_key", lambda *a: calls.append(1) or real(*a))
+    _grouped(index, READS_TYPE_MEMORY)
+    kinds = len({d.kind_key for d in index.devices})
+    assert len(calls) == kinds < len(index.devices) // 3  # fewer kinds than one node has devices
+
+
+def test_a_read_of_a_per_device_attribute_groups_every_device() -> None:
+    from controller.cluster.devicegroups import prepare_kinds
+
+    index = _fleet_index()
+    prepare_kinds(index)
+    shapes_by_uuid = _grouped(index, (("attribute", "gpu.tessera.dev", "uuid"),))
+    assert shapes_by_uuid == _grouped(_fleet_index(), (("attribute", "gpu.tessera.dev", "uuid"),))
+    assert len(shapes_by_uuid) == 3 * 8 + 1  # every GPU apart; MIG placements have no uuid
+
+
+def test_devices_of_one_kind_share_one_kind_key() -> None:
+    # 93,000 devices of a few dozen kinds: one key per kind in memory, not one per device
+    index = _fleet_index(2)
+    twins = [d for d in index.devices if d.name == "gpu-0"]
+    assert len(twins) == 2 and twins[0].kind_key is twins[1].kind_key

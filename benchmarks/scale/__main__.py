@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.scale.run import main
+
+sys.exit(main())
