@@ -15,8 +15,7 @@ export GOTOOLCHAIN := local
 export GOWORK := off
 export GOFLAGS := -mod=readonly
 
-.PHONY: all venv lint unit e2e test harness node image demo demo-down proto bench soak mutation clean
-.PHONY: all venv lint unit e2e test harness node demo demo-down proto bench bench-scale soak mutation clean
+.PHONY: all venv lint unit e2e test harness node image demo demo-down proto bench bench-scale soak mutation clean
 
 all: test
 
