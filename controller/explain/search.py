@@ -25,21 +25,16 @@ from controller.cluster.capacityfit import capacity_fits, consumption
 from controller.cluster.inventory import InventoryDevice
 from controller.cluster.taints import untolerated_taint
 from controller.explain.requests import RequestSpec
-from controller.explain.state import AllocatedState, CounterKey, device_key
+from controller.explain.state import AllocatedState, Amount, CounterKey, device_key, whole
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 DEADLINE_EVERY = 64  # steps between looks at the clock: a step is about 0.1 ms, a look costs about as much
 _ZERO = Fraction(0)
-Amount = int | Fraction  # a capacity amount inside the search: int when whole
 _Fit = tuple[dict[str, Amount] | None, dict[str, Amount]]
 
 
 class Deadline(Protocol):
     def passed(self) -> bool: ...
-
-
-def _whole(value: Fraction) -> Amount:
-    return value.numerator if value.denominator == 1 else value
 
 
 class SearchLimit(Exception):
@@ -175,7 +170,7 @@ class _Search:
         self.calls = 0
         self.allocating: dict[DeviceKey, set[int]] = {}
         self.capacity: dict[DeviceKey, dict[str, Amount]] = {}
-        self.counters: dict[CounterKey, Fraction] = {}
+        self.counters: dict[CounterKey, Amount] = {}
         self.constraints = [[_Match(c) if c.kind == "matchAttribute" else _Distinct(c) for c in claim.constraints]
                             for claim in claims]
         self.results: list[list[Pick]] = [[] for _ in claims]
@@ -219,8 +214,8 @@ class _Search:
         if not capacity_fits(device, spec.needs):
             return None, {}
         held = self.state.shared.get(key, {})
-        need = {k: _whole(v) for k, v in consumption(device, spec.needs).items()}
-        free = {k: _whole(self.state.capacity_value(device, k) - held.get(k, _ZERO)) for k in need}
+        need = {k: whole(v) for k, v in consumption(device, spec.needs).items()}
+        free = {k: whole(self.state.capacity_value(device, k) - held.get(k, _ZERO)) for k in need}
         return need, free
 
     def allocate_device(self, ci: int, spec: RequestSpec, device: InventoryDevice,
@@ -299,9 +294,9 @@ class _Search:
         undo.append(release)
         return consumed
 
-    def _add_counters(self, own: Mapping[CounterKey, Fraction], sign: int) -> None:
+    def _add_counters(self, own: Mapping[CounterKey, Amount], sign: int) -> None:
         for key, value in own.items():
-            self.counters[key] = self.counters.get(key, Fraction(0)) + sign * value
+            self.counters[key] = self.counters.get(key, 0) + sign * value
 
     def _drop_last(self, ci: int) -> None:
         self.results[ci].pop()
