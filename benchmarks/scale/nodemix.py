@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver import DRIVER_NAME
+
 Obj = dict[str, Any]
 
 # kwok manages exactly the Nodes carrying this annotation (its --manage-nodes-with-annotation-selector).
@@ -110,9 +112,6 @@ def split(items: Sequence[NodePlan], parts: int) -> list[list[NodePlan]]:
 # ---------------------------------------------------------------------------------------------
 # what the scheduling pods ask for
 
-DRIVER = "gpu.tessera.dev"
-
-
 def _request(device_class: str, count: int = 1, *, memory: str = "") -> Obj:
     exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if memory:
@@ -122,8 +121,8 @@ def _request(device_class: str, count: int = 1, *, memory: str = "") -> Obj:
 
 def _spread(total: str) -> list[Obj]:
     """tessera's multi-card form: `total` memory over the request's cards; its webhook rewrites it per card."""
-    return [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": {"totalMemory": total}}}}]
+    return [{"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": {
+        "apiVersion": f"{DRIVER_NAME}/v1alpha1", "kind": "GpuConfig", "sharing": {"totalMemory": total}}}}]
 
 
 # The claim spec of each kind of pod (a ResourceClaimTemplate each; the claim controller makes one claim
