@@ -28,6 +28,11 @@ def base_request(request: str) -> str:
     return request.split("/", 1)[0]
 
 
+def subrequest(request: str) -> str:
+    """The firstAvailable subrequest of a result's request name: "req/sub" -> "sub"; "req" -> ""."""
+    return request.split("/", 1)[1] if "/" in request else ""
+
+
 def gpu_device_name(index: int) -> str:
     """`gpu-<index>`: the device that stands for a whole GPU."""
     if index < 0:

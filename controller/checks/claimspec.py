@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from driver.names import base_request, subrequest
+
 Obj = dict[str, Any]
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
@@ -41,11 +43,11 @@ class RequestBody:
 
     @property
     def base(self) -> str:
-        return self.ref.split("/", 1)[0]
+        return base_request(self.ref)
 
     @property
     def sub(self) -> str:
-        return self.ref.split("/", 1)[1] if "/" in self.ref else ""
+        return subrequest(self.ref)
 
     @property
     def class_name(self) -> str:
@@ -153,7 +155,7 @@ class Constraint:
         """Whether it covers request `ref`; naming `req` covers each of its subrequests `req/sub`."""
         if not self.requests:
             return True
-        return ref in self.requests or ref.split("/", 1)[0] in self.requests
+        return ref in self.requests or base_request(ref) in self.requests
 
     def describe(self) -> str:
         scope = f" over {', '.join(self.requests)}" if self.requests else ""

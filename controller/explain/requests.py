@@ -15,6 +15,7 @@ from controller.checks.ownership import class_targets_tessera, is_our_class_name
 from controller.checks.selectors import compile_selectors
 from controller.cluster.capacityfit import CapacityNeed
 from controller.cluster.matching import Condition
+from driver.names import base_request, subrequest
 from driver.quantity import Quantity
 
 Obj = dict[str, Any]
@@ -38,11 +39,11 @@ class RequestSpec:
 
     @property
     def base(self) -> str:
-        return self.ref.split("/", 1)[0]
+        return base_request(self.ref)
 
     @property
     def sub(self) -> str:
-        return self.ref.split("/", 1)[1] if "/" in self.ref else ""
+        return subrequest(self.ref)
 
     @property
     def all_conditions(self) -> tuple[Condition, ...]:
