@@ -216,22 +216,27 @@ class PrivateNetwork:
             self.holder.stop()
 
 
-def _netns(pid: int) -> str:
+def _namespace(pid: int, kind: str) -> str:
     try:
-        return os.readlink(f"/proc/{pid}/ns/net")
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
     except OSError:
         return ""
 
 
-def kill_net_namespace(holder_pid: int) -> None:
-    """SIGKILL every process still in the holder's network namespace, then the holder: the namespace,
-    its veths and its routes go with the last of them."""
-    ns = _netns(holder_pid)
+def _netns(pid: int) -> str:
+    return _namespace(pid, "net")
+
+
+def kill_namespace(holder_pid: int, kind: str) -> None:
+    """SIGKILL every process still in the holder's namespace of `kind` ("mnt" for a node, "net" for the
+    hub: shims, a stuck kubelet, the control plane), then the holder. The namespace, with a network
+    namespace's veths and routes, goes with the last of them."""
+    ns = _namespace(holder_pid, kind)
     if not ns:
         return
     for _ in range(100):
         members = [int(e.name) for e in Path("/proc").iterdir()
-                   if e.name.isdigit() and int(e.name) != holder_pid and _netns(int(e.name)) == ns]
+                   if e.name.isdigit() and int(e.name) != holder_pid and _namespace(int(e.name), kind) == ns]
         if not members:
             break
         for pid in members:
@@ -240,6 +245,10 @@ def kill_net_namespace(holder_pid: int) -> None:
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(holder_pid, signal.SIGKILL)
+
+
+def kill_net_namespace(holder_pid: int) -> None:
+    kill_namespace(holder_pid, "net")
 
 
 @dataclass(frozen=True)

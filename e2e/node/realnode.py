@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from e2e.network import NETNS_ENV, OWNER_ENV, NodeLink, PrivateNetwork, http_get, kill_net_namespace
+from e2e.network import NETNS_ENV, OWNER_ENV, NodeLink, PrivateNetwork, http_get, kill_namespace, kill_net_namespace
 from e2e.node.images import PAUSE_IMAGE, build_images, import_images
 from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
 
@@ -136,29 +136,9 @@ def _kill_cgroup_tree(name: str) -> None:
                 top.rmdir()
 
 
-def _mount_namespace(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return ""
-
-
 def _kill_namespace(holder_pid: int) -> None:
-    """SIGKILL every process still in the holder's mount namespace (shims, a stuck kubelet), then the holder."""
-    ns = _mount_namespace(holder_pid)
-    if not ns:
-        return
-    for _ in range(100):
-        members = [int(e.name) for e in Path("/proc").iterdir()
-                   if e.name.isdigit() and int(e.name) != holder_pid and _mount_namespace(int(e.name)) == ns]
-        if not members:
-            break
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(holder_pid, signal.SIGKILL)
+    """SIGKILL every process still in the node's mount namespace (shims, a stuck kubelet), then the holder."""
+    kill_namespace(holder_pid, "mnt")
 
 
 def pid_alive(pid: int) -> bool:
