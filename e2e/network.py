@@ -39,6 +39,7 @@ from pathlib import Path
 from e2e.processes import ClusterError, ManagedProcess, wait_for
 
 HUB_ADDRESS = "10.200.0.1"
+HUB_MAC = "02:00:0a:c8:00:01"  # locally administered, fixed: see PrivateNetwork.start
 NODE_NETWORK = ipaddress.ip_network("10.200.0.0/24")
 POD_NETWORK = ipaddress.ip_network("10.201.0.0/16")
 SERVICE_RANGE = ipaddress.ip_network("10.0.0.0/24")
@@ -169,7 +170,10 @@ class PrivateNetwork:
         prefix = self.enter()
         _run([*prefix, "ip", "link", "set", "lo", "up"])
         _run([*prefix, "ip", "addr", "add", f"{KUBERNETES_SERVICE_IP}/32", "dev", "lo"])
-        _run([*prefix, "ip", "link", "add", "br0", "type", "bridge"])
+        # A bridge takes the lowest MAC address of its ports unless it has one of its own: every node
+        # attached later could change it, and the nodes' ARP entries for the hub would point nowhere
+        # until they expire (seen as webhook calls timing out while a node started).
+        _run([*prefix, "ip", "link", "add", "br0", "address", HUB_MAC, "type", "bridge"])
         _run([*prefix, "ip", "addr", "add", f"{HUB_ADDRESS}/{NODE_NETWORK.prefixlen}", "dev", "br0"])
         _run([*prefix, "ip", "link", "set", "br0", "up"])
         # Routes pods of one node to another node's pods; a namespace's forwarding switch is its own.
