@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -100,14 +101,28 @@ def test_an_unknown_rebuild_stage_is_a_usage_error(capsys):
 
 
 def test_build_sh_refuses_to_run_without_root(tmp_path):
-    cmd = ["bash", str(REPO / "hack" / "image" / "build.sh")]
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is needed to drop root")
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False,
-                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TESSERA_CACHE": str(tmp_path)})
-    assert proc.returncode == 1
+    # The unprivileged user must be able to reach the script: a checkout (or pytest's tmp_path) under a
+    # 0700 directory would stop it at "Permission denied" before the check this test is about.
+    reachable = Path(tempfile.mkdtemp(prefix="tessera-image-sh-", dir="/tmp"))
+    try:
+        reachable.chmod(0o755)
+        script = reachable / "hack" / "image" / "build.sh"
+        script.parent.mkdir(parents=True)
+        script.parent.parent.chmod(0o755)
+        script.parent.chmod(0o755)
+        shutil.copy(REPO / "hack" / "image" / "build.sh", script)
+        script.chmod(0o755)
+        cmd = ["bash", str(script)]
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("setpriv is needed to drop root")
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/",
+                              env={"PATH": os.environ["PATH"], "HOME": str(reachable),
+                                   "TESSERA_CACHE": str(reachable / "cache")})
+    finally:
+        shutil.rmtree(reachable, ignore_errors=True)
+    assert proc.returncode == 1, proc.stderr
     assert "needs root" in proc.stderr
 
 
