@@ -26,7 +26,7 @@ from driver.errors import TesseraError
 from driver.kubeapi import ApiError, KubeAPI
 from driver.model import Inventory
 from driver.nvmlevents import NvmlEventSource
-from driver.shutdown import restore_handlers, stop_on_signals
+from driver.shutdown import restore_handlers, stop_on_signals, wait_for_stop
 from kubeletplugin.draservice import DraService
 from kubeletplugin.grpcservers import UnixSocketServer, remove_dead_sockets
 from kubeletplugin.health import (
@@ -374,7 +374,7 @@ def run_plugin(
             return 1
         if on_started is not None:
             on_started(plugin)
-        stop.wait()
+        wait_for_stop(stop)
         plugin.stop()
         return 0
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import threading
 
-from driver.shutdown import stop_on_signals
+from driver.shutdown import stop_on_signals, wait_for_stop
 from tessera.celgates import add_feature_gates_argument, cel_environment
 
 
@@ -87,6 +87,6 @@ def run(args: argparse.Namespace) -> int:
     app.start()
     log.info("controller started", listen=args.listen, metrics=args.metrics_addr, probes=args.probe_addr or None,
              cel=environment.describe())
-    stop.wait()
+    wait_for_stop(stop)
     app.stop()
     return 0

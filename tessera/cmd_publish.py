@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from driver.shutdown import stop_on_signals
+from driver.shutdown import stop_on_signals, wait_for_stop
 
 if TYPE_CHECKING:
     from kubeletplugin.publisher import Publisher
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     publisher.start()
-    stop.wait()
+    wait_for_stop(stop)
     publisher.stop(cleanup=False)
     return _delete_all(publisher) if args.cleanup else 0
 
