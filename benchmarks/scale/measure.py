@@ -280,10 +280,14 @@ def cli(argv: list[str], runs: int) -> CliResult:
                      proc.returncode, len(proc.stdout.splitlines()))
 
 
+# what reference_list runs in a new interpreter (argv[1]: the kubeconfig): the reads status and explain make
+LIST_FLOOR = ("import sys; from tessera import clusterread as r; api = r.connect(sys.argv[1]); "
+              "print(len(r.resource_slices(api)), len(r.resource_claims(api)))")
+
+
 def reference_list(kubeconfig: str, runs: int) -> CliResult:
     """The floor any whole-cluster tool pays: a new interpreter listing tessera's slices and every claim."""
-    code = ("import sys; from tessera.clusterread import ClusterReader as R; r = R(sys.argv[1]); "
-            "print(len(r.resource_slices()), len(r.resource_claims()))")
+    code = LIST_FLOOR
     walls = []
     rc = 0
     for _ in range(runs):

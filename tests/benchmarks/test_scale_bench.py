@@ -3,11 +3,15 @@ upgraded slices and the reading of the apiserver's request counters. Nothing tim
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 
-from benchmarks.scale import apimetrics
+from benchmarks.scale import apimetrics, measure
 from benchmarks.scale.fleet import UPGRADED_DRIVER_VERSION, node_slices, upgraded
 from benchmarks.scale.nodemix import (
     CLAIM_CASES,
@@ -21,6 +25,8 @@ from benchmarks.scale.nodemix import (
     template_name,
 )
 from driver.poolvalidation import validate_pool
+
+REPO = Path(__file__).resolve().parents[2]
 
 # -- the node mix -----------------------------------------------------------------------------------
 
@@ -231,3 +237,22 @@ def test_the_original_driver_version_is_what_the_simulated_profiles_publish() ->
     for profile, mig in (("dgx-h100-8", "dynamic"), ("a100-pcie-4", "static"), ("t4-4", "static")):
         devices = [d for s in node_slices("n", profile, mig, upgrade=False) for d in s["spec"].get("devices", [])]
         assert {d["attributes"]["driverVersion"]["version"] for d in devices} == {ORIGINAL_DRIVER_VERSION}
+
+
+# -- the listing reference -------------------------------------------------------------------------
+
+
+def test_the_list_floor_reaches_the_apiserver_through_tessera_s_reader(tmp_path: Path) -> None:
+    """The reference runs in a new interpreter, where a renamed reader would fail only at bench time: against
+    a kubeconfig whose server refuses connections it must get as far as the read, and fail there."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }))
+    proc = subprocess.run([sys.executable, "-c", measure.LIST_FLOOR, str(kubeconfig)], capture_output=True, text=True,
+                          cwd=REPO, check=False, timeout=60)
+    assert proc.returncode == 1
+    assert "ReadError: cannot read resourceslices" in proc.stderr, proc.stderr[-2000:]
