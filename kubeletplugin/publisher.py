@@ -2,9 +2,10 @@
 
 The publisher owns the slices of one pool (pool name = node name). Each sync lists what exists and
 applies the difference, following the reference controller's rules (k8s.io/dynamic-resource-allocation
-`resourceslice`): delete obsolete slices first, then update, then create; raise `pool.generation` when a
-change needs new slices or more than one update, so the scheduler never combines old and new slices;
-keep the generation for a single in-place update, which is atomic anyway.
+`resourceslice`): delete obsolete slices first, then update, then create; raise `pool.generation` when
+the current generation's content changes in more than one slice, so the scheduler never combines old and
+new slices; keep the generation for a single in-place update, which is atomic anyway, and when a pass that
+broke off half-way is finished (the slices still missing or behind join the generation already written).
 
 Slices get deterministic names (driver.names.slice_name), which is how a restarted publisher adopts the
 slices its predecessor wrote. A watch brings the pool back within moments when kubelet (which wipes a
@@ -312,16 +313,20 @@ class Publisher:
         current = max([self._generation, *(_generation(e) for e in ours)])
 
         count = len(desired)
-        changed = creates = 0
+        stale = behind = creates = 0
         for name, template in zip(names, desired, strict=True):
             have = by_name.get(name)
             if have is None:
                 creates += 1
-                continue
-            want = self._body(template, name, current, count, have)
-            if not self._same_content(name, want, have) or _generation(have) != current:
-                changed += 1
-        generation = current + 1 if creates or changed > 1 else current
+            elif _generation(have) != current:
+                behind += 1
+            elif not self._same_content(name, self._body(template, name, current, count, have), have):
+                stale += 1
+        # A new generation only when the current one holds content that is no longer wanted (more than one
+        # slice of it, or one besides other writes). A pass that failed half-way (a timeout, a 429 in a storm)
+        # left the current generation right but incomplete: finishing it writes only the slices still missing
+        # or behind, where a new generation would rewrite every slice of the pool on every retry.
+        generation = current + 1 if not ours or stale > 1 or (stale and (creates or behind)) else current
 
         updates: list[Obj] = []
         new: list[Obj] = []

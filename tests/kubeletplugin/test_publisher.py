@@ -243,6 +243,69 @@ def test_an_unreachable_apiserver_is_an_error_count_not_an_exception(fake: FakeK
     assert stored(fake) == {}
 
 
+def refuse_write(fake: FakeKubeAPI, call: str, nth: int) -> None:
+    """The apiserver answers the `nth` `call` (create_slice, replace_slice) with 429, as in a rollout storm."""
+    seen = 0
+
+    def hook(name: str) -> None:
+        nonlocal seen
+        if name == call:
+            seen += 1
+            if seen == nth:
+                fake.on_call = None
+                fake.fail_next(1, 429, "TooManyRequests")
+
+    fake.on_call = hook
+
+
+def labelled(slices: list[Obj], value: str) -> list[Obj]:
+    for obj in slices:
+        obj["metadata"]["labels"]["extra"] = value
+    return slices
+
+
+def test_a_first_publish_that_broke_off_is_finished_without_rewriting_what_was_written(fake: FakeKubeAPI) -> None:
+    pub = Publisher(fake, NODE, three_slices())
+    refuse_write(fake, "create_slice", 2)
+    assert not pub.sync_once()
+    assert sorted(stored(fake)) == [slice_name(NODE, 0)]
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    # the slice already written is the current generation's and right: only the two missing ones are created
+    assert writes(fake, mark) == ["create_slice", "create_slice"]
+    assert generations(fake) == {1}
+    assert {o["spec"]["pool"]["resourceSliceCount"] for o in stored(fake).values()} == {3}
+
+
+def test_an_upgrade_that_broke_off_is_finished_in_the_generation_it_started(fake: FakeKubeAPI) -> None:
+    pub = Publisher(fake, NODE, three_slices())
+    pub.sync_once()
+    pub.update(labelled(three_slices(), "v2"))
+    refuse_write(fake, "replace_slice", 2)
+    assert not pub.sync_once()
+    assert sorted(o["spec"]["pool"]["generation"] for o in stored(fake).values()) == [1, 1, 2]
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert writes(fake, mark) == ["replace_slice", "replace_slice"]
+    assert generations(fake) == {2}
+    assert {o["metadata"]["labels"]["extra"] for o in stored(fake).values()} == {"v2"}
+
+
+def test_a_new_change_after_a_broken_off_upgrade_starts_a_new_generation(fake: FakeKubeAPI) -> None:
+    pub = Publisher(fake, NODE, three_slices())
+    pub.sync_once()
+    pub.update(labelled(three_slices(), "v2"))
+    refuse_write(fake, "replace_slice", 2)
+    assert not pub.sync_once()
+    # generation 2 now holds one slice of v2 content, which v3 replaces: finishing generation 2 would mix them
+    pub.update(labelled(three_slices(), "v3"))
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert writes(fake, mark) == ["replace_slice"] * 3
+    assert generations(fake) == {3}
+    assert {o["metadata"]["labels"]["extra"] for o in stored(fake).values()} == {"v3"}
+
+
 def test_a_conflicting_write_fails_the_sync_and_the_next_sync_recovers(fake: FakeKubeAPI) -> None:
     pub = Publisher(fake, NODE, one_slice(2))
     pub.sync_once()
