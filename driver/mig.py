@@ -8,6 +8,7 @@ overlap or when together they need more compute slices than the GPU has (7).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 MIB = 1024 * 1024
 
@@ -85,6 +86,7 @@ _LAYOUTS: tuple[tuple[str, MigLayout], ...] = (
 )
 
 
+@lru_cache(maxsize=64)
 def layout_for(product_name: str) -> MigLayout | None:
     """The MIG layout for a product name as NVML reports it, or None when tessera has no table for it."""
     lowered = product_name.lower()

@@ -28,7 +28,7 @@ class NodeInputs:
 
 def _survivors(inputs: NodeInputs, ref: str) -> list[InventoryDevice]:
     f = inputs.funnels.get(ref)
-    return [d for d in f.candidates if d.node == inputs.node] if f else []
+    return list(f.candidates_on(inputs.node)) if f else []
 
 
 def _needed(inputs: NodeInputs, ref: str) -> int:

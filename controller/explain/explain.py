@@ -335,7 +335,7 @@ def _claim_input(plan: ClaimPlan, funnels: Mapping[str, Funnel], node: str) -> C
         if any(not s.ours for s in group.alternatives):
             groups.append(())  # another driver's request: not tessera's to place
             continue
-        groups.append(tuple(Alternative(s, tuple(d for d in funnels[s.ref].selectable if d.node == node))
+        groups.append(tuple(Alternative(s, funnels[s.ref].selectable_on(node))
                             for s in group.alternatives))
     return ClaimInput(plan.ref, tuple(groups), plan.constraints)
 

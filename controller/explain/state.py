@@ -31,8 +31,23 @@ def whole(value: Fraction) -> Amount:
 
 def exact(value: Any) -> Amount:
     """A quantity's value as an exact amount (0 when it does not parse), an int when it is whole."""
+    if type(value) is str:
+        found = _EXACT.get(value)
+        if found is None:
+            if len(_EXACT) > 10_000:
+                _EXACT.clear()
+            found = _EXACT[value] = _exact(value)
+        return found
+    return _exact(value)
+
+
+def _exact(value: Any) -> Amount:
     q = quantity(value)
     return 0 if q is None else whole(q)
+
+
+# A fleet's counters hold a handful of distinct values ("1", "10Gi"), parsed 400,000 times at 1,000 nodes.
+_EXACT: dict[str, Amount] = {}
 
 
 def device_key(device: InventoryDevice) -> DeviceKey:
@@ -212,10 +227,11 @@ def consumed_counters(device: InventoryDevice) -> dict[CounterKey, Amount]:
 def _consumed_counters(device: InventoryDevice) -> dict[CounterKey, Amount]:
     out: dict[CounterKey, Amount] = {}
     for entry in device.spec.get("consumesCounters") or ():
-        if not isinstance(entry, Mapping):
+        if type(entry) is not dict and not isinstance(entry, Mapping):
             continue
+        counter_set = str(entry.get("counterSet"))
         for name, counter in (entry.get("counters") or {}).items():
-            key = (device.pool, str(entry.get("counterSet")), str(name))
+            key = (device.pool, counter_set, str(name))
             amount = exact((counter or {}).get("value"))
             out[key] = out[key] + amount if key in out else amount
     return out

@@ -19,6 +19,7 @@ from typing import Any
 from controller.cluster.inventory import InventoryDevice
 from controller.explain.explain import ClusterView
 from controller.explain.state import AllocatedState, Holder
+from driver.mig import layout_for
 from driver.quantity import format_bytes
 
 _size = partial(format_bytes, approximate=True)  # memory in tables and card maps: 40Gi, 79.6Gi
@@ -95,8 +96,6 @@ def _memory(device: InventoryDevice) -> int:
 
 
 def _mig_geometry(device: InventoryDevice) -> tuple[str, int | None, tuple[int, int] | None, int]:
-    from driver.mig import layout_for
-
     profile_attr = device.attribute(device.driver, "profile") or {}
     placement_attr = device.attribute(device.driver, "placement") or {}
     profile = str(profile_attr.get("string", ""))
@@ -138,7 +137,7 @@ def cluster_status(view: ClusterView, pods: Iterable[Obj] | None = None) -> Stat
         if device.device_type != "mig":
             continue
         gpu = _parent(device, gpus, by_name)
-        _, _, _, memory_slices = _mig_geometry(device)
+        profile, placement, _, memory_slices = _mig_geometry(device)
         gpu.memory_slices = max(gpu.memory_slices, memory_slices)
         gpu.mig = "dynamic" if device.consumes_counters else "static"
         if not gpu.published:
@@ -146,7 +145,6 @@ def cluster_status(view: ClusterView, pods: Iterable[Obj] | None = None) -> Stat
         holders = state.holders_of(device)
         gpu.segments.extend(_segment(device, h) for h in holders)
         if not holders and not state.is_allocated(device) and not state.counter_shortfalls(device):
-            profile, placement, _, _ = _mig_geometry(device)
             gpu.mig_possible.setdefault(profile, []).append(placement if placement is not None else -1)
     for gpu in gpus.values():
         gpu.segments.sort(key=lambda s: (s.slices[0] if s.slices else -1, s.claim))
