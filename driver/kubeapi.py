@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from driver.errors import TesseraError
+from driver.gcpause import collector_paused
 
 Obj = dict[str, Any]
 
@@ -141,7 +142,8 @@ class RealKubeAPI:
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, _request_timeout=self._timeout, **kwargs)
+            with collector_paused():  # the client decodes the answer inside the call: a list can be 100 MB
+                return fn(*args, _request_timeout=self._timeout, **kwargs)
         except Exception as exc:  # the client raises urllib3 and ApiException alike
             raise _translate(exc) from exc
 
@@ -149,7 +151,8 @@ class RealKubeAPI:
         """A core API call's answer as the apiserver's JSON (the generated models would drop newer fields)."""
         response = self._call(fn, *args, _preload_content=False, **kwargs)
         try:
-            result: Obj = json.loads(response.data)
+            with collector_paused():
+                result: Obj = json.loads(response.data)
         except ValueError as exc:
             raise ApiError(0, "BadResponse", f"the apiserver's answer is not JSON: {exc}") from exc
         return result

@@ -68,6 +68,7 @@ def explain(target: str, *, namespace: str | None, kubeconfig: str | None, outpu
     from controller.cluster.objects import by_name
     from controller.explain.explain import Budget, ClusterView, NotFound, explain_claim, explain_pod
     from controller.explain.render import render_json, render_text
+    from driver.gcpause import keep_for_good
     from tessera import clusterread as read
 
     budget = Budget() if search_budget is None else Budget(search_budget)
@@ -88,6 +89,7 @@ def explain(target: str, *, namespace: str | None, kubeconfig: str | None, outpu
     except read.ReadError as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2
+    keep_for_good()  # what was read lives until the command exits
     try:
         if kind == "resourceclaim" or (not kind and view.find("pod", ns, name) is None
                                        and view.find("claim", ns, name) is not None):

@@ -27,6 +27,7 @@ def status(*, kubeconfig: str | None, output: str, svg: str | None, out: TextIO,
     from controller.explain.explain import ClusterView
     from controller.explain.status import cluster_status, status_json, status_table
     from controller.explain.svg import status_svg
+    from driver.gcpause import keep_for_good
     from tessera import clusterread as read
 
     try:
@@ -36,6 +37,7 @@ def status(*, kubeconfig: str | None, output: str, svg: str | None, out: TextIO,
     except read.ReadError as exc:
         print(f"tessera status: {exc}", file=err)
         return 2
+    keep_for_good()  # what was read lives until the command exits
     report = cluster_status(view, pods)
     if svg:
         try:

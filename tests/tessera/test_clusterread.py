@@ -134,3 +134,26 @@ def test_no_configuration_at_all_is_a_clear_error(tmp_path: Path, monkeypatch: p
         RealKubeAPI()
     with pytest.raises(read.ReadError, match="cannot load the cluster configuration"):
         read.connect()
+
+
+def test_answers_are_decoded_with_the_collector_paused(served: tuple[Api, RealKubeAPI],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole cluster's slices are millions of objects: the collector's walks over them were two thirds of
+    the decode (driver.gcpause). Both paths are checked: the client's own decode and tessera's."""
+    import gc
+
+    api, client = served
+    api.routes["/apis/resource.k8s.io/v1/resourceslices"] = (200, {"items": [{"spec": {"driver": "gpu.tessera.dev"}}]})
+    api.routes["/api/v1/namespaces/ml/pods"] = (200, {"kind": "PodList", "items": [POD]})
+    seen: list[bool] = []
+    decode = json.loads
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", spy)
+    gc.enable()
+    assert read.resource_slices(client) and read.pods(client, "ml") == [POD]
+    assert len(seen) >= 2 and not any(seen)
+    assert gc.isenabled()

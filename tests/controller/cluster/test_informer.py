@@ -3,6 +3,7 @@ list+watch cache kept current against the in-memory apiserver."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -212,6 +213,24 @@ def test_a_warmed_snapshot_is_already_grouped_the_way_reviews_grouped_the_last_o
     finally:
         cluster.close_watches()
         c.stop()
+
+
+def test_the_first_warmed_snapshot_is_kept_out_of_the_collector_s_walks(cluster):
+    # a full collection over a 1,000-node snapshot stopped every thread, reviews included, for 0.5 s
+    gc.unfreeze()
+    cluster.create_resource_slice(slice_("node-a", [gpu("gpu-0")], name="s-a"))
+    c = ClusterCache(cluster, watch_timeout=1, backoff_initial=0.01, backoff_max=0.05, warm=True, warm_delay=0)
+    c.start()
+    try:
+        assert c.wait_synced(5)
+        snapshot = c.index()
+        assert snapshot is not None
+        assert wait_for(lambda: gc.get_freeze_count() > 0)
+        assert not gc.is_tracked(snapshot) or snapshot not in gc.get_objects()
+    finally:
+        cluster.close_watches()
+        c.stop()
+        gc.unfreeze()
 
 
 def test_without_warming_a_review_builds_the_new_snapshot_itself(cluster, cache):
