@@ -108,7 +108,8 @@ class WatchEvent:
 class KubeAPI(Protocol):
     def get_node(self, name: str) -> Obj: ...
     def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
-    def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj: ...
+    def list_resource_slices(self, field_selector: str = "", label_selector: str = "",
+                             not_older_than: str = "") -> Obj: ...
     def create_resource_slice(self, body: Obj) -> Obj: ...
     def replace_resource_slice(self, name: str, body: Obj) -> Obj: ...
     def delete_resource_slice(self, name: str) -> None: ...
@@ -167,11 +168,18 @@ class RealKubeAPI:
         )
         return result
 
-    def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj:
+    def list_resource_slices(self, field_selector: str = "", label_selector: str = "",
+                             not_older_than: str = "") -> Obj:
+        """The slices; with `not_older_than` (a resourceVersion, "0" for any) the apiserver answers from its
+        watch cache once that has caught up. Without it the list is a consistent read, which at 1,000 nodes
+        the apiserver passed to etcd as a range over every slice of the cluster: a thousand node agents
+        listing at once took etcd to 14 GiB in 30 s."""
+        version = {"resource_version": not_older_than, "resource_version_match": "NotOlderThan"} \
+            if not_older_than else {}
         result: Obj = self._call(
             self._custom.list_cluster_custom_object,
             RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices",
-            field_selector=field_selector or None, label_selector=label_selector or None,
+            field_selector=field_selector or None, label_selector=label_selector or None, **version,
         )
         return result
 

@@ -134,6 +134,10 @@ class Publisher:
         self._listed = threading.Condition(threading.Lock())
         self._list_count = 0
         self._list_version = ""
+        # The newest resourceVersion this publisher was answered with (a list's, or a slice it wrote): its next
+        # list asks the apiserver's watch cache for data at least that new, so it sees its own writes without
+        # a consistent read from etcd. "" after a failure: the next list takes whatever the cache has ("0").
+        self._seen_version = ""
 
         # Counters for metrics.
         self.syncs = 0  # successful syncs, whether or not they had to write
@@ -219,10 +223,12 @@ class Publisher:
             except ApiError as exc:
                 self.errors += 1
                 self.last_error = str(exc)
+                self._seen_version = ""  # e.g. a restored etcd whose versions are older than what we saw
                 log.debug("ResourceSlice sync failed", node=self._node, error=str(exc))
                 self.last_sync_ok = False
                 return False
             except Exception as exc:  # e.g. a malformed object from the server: retried, never fatal
+                self._seen_version = ""
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("ResourceSlice sync failed unexpectedly", node=self._node)
@@ -241,10 +247,12 @@ class Publisher:
     # -- reconcile ----------------------------------------------------------------------------------------
 
     def _list_own(self) -> list[Obj]:
-        listed = self._api.list_resource_slices(field_selector=self._selector)
+        listed = self._api.list_resource_slices(field_selector=self._selector,
+                                                not_older_than=self._seen_version or "0")
         with self._listed:
             self._list_count += 1
             self._list_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+            self._seen_version = self._list_version
             self._listed.notify_all()
         return [
             obj for obj in listed.get("items", [])
@@ -371,6 +379,7 @@ class Publisher:
         return not plan.empty
 
     def _remember(self, sent: Obj, stored: Obj) -> None:
+        self._seen_version = str(stored.get("metadata", {}).get("resourceVersion") or self._seen_version)
         name = sent["metadata"]["name"]
         sent_spec, stored_spec = _without_generation(sent["spec"]), _without_generation(stored.get("spec", {}))
         if sent_spec != stored_spec:

@@ -55,6 +55,7 @@ class FakeKubeAPI:
         self.claims: dict[tuple[str, str], Obj] = {}
         self.slices: dict[str, Obj] = {}
         self.calls: list[str] = []
+        self.list_versions: list[str] = []  # not_older_than of every slice list, in order
         self._record_calls = record_calls
         self._failures: list[ApiError] = []
         self._watchers: list[queue.Queue[WatchEvent | None]] = []
@@ -117,7 +118,9 @@ class FakeKubeAPI:
                 raise ApiError(404, "NotFound", f"resourceclaims {name!r} not found")
             return copy.deepcopy(self.claims[(namespace, name)])
 
-    def list_resource_slices(self, field_selector: str = "", label_selector: str = "") -> Obj:
+    def list_resource_slices(self, field_selector: str = "", label_selector: str = "",
+                             not_older_than: str = "") -> Obj:
+        self.list_versions.append(not_older_than)
         self._enter("list_slices")
         with self._lock:
             items = [copy.deepcopy(s) for s in self.slices.values() if _matches(s, field_selector, label_selector)]

@@ -157,3 +157,14 @@ def test_answers_are_decoded_with_the_collector_paused(served: tuple[Api, RealKu
     assert read.resource_slices(client) and read.pods(client, "ml") == [POD]
     assert len(seen) >= 2 and not any(seen)
     assert gc.isenabled()
+
+
+def test_a_slice_list_asks_the_watch_cache_only_when_given_a_version(served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    api.routes[path] = (200, {"items": []})
+    client.list_resource_slices(field_selector="spec.nodeName=n", not_older_than="42")
+    assert api.queries[path] == {"fieldSelector": "spec.nodeName=n", "resourceVersion": "42",
+                                 "resourceVersionMatch": "NotOlderThan"}
+    client.list_resource_slices(field_selector="spec.driver=gpu.tessera.dev")
+    assert api.queries[path] == {"fieldSelector": "spec.driver=gpu.tessera.dev"}  # a consistent read
