@@ -134,25 +134,6 @@ def _device_from_json(data: dict[str, Any]) -> PreparedDevice:
     )
 
 
-def _mps_to_json(m: MpsDaemon) -> dict[str, Any]:
-    return {"claimUID": m.claim_uid, "pipeDir": m.pipe_dir, "logDir": m.log_dir, "shmDir": m.shm_dir,
-            "gpuUUIDs": list(m.gpu_uuids), "limitsMiB": list(m.limits_mib),
-            "activeThreadPercentage": m.active_thread_percentage}  # fmt: skip
-
-
-def _mps_from_json(data: dict[str, Any]) -> MpsDaemon:
-    percentage = data.get("activeThreadPercentage")
-    return MpsDaemon(
-        claim_uid=str(data["claimUID"]),
-        pipe_dir=str(data["pipeDir"]),
-        log_dir=str(data["logDir"]),
-        shm_dir=str(data["shmDir"]),
-        gpu_uuids=tuple(str(u) for u in data["gpuUUIDs"]),
-        limits_mib=tuple(int(m) for m in data["limitsMiB"]),
-        active_thread_percentage=int(percentage) if percentage is not None else None,
-    )
-
-
 _MIG_INTS = ("gpu_index", "gpu_minor", "placement", "size", "gpu_instance_id", "compute_instance_id")
 
 
@@ -176,8 +157,8 @@ def entry_to_json(e: ClaimEntry) -> dict[str, Any]:
         "devices": [_device_to_json(d) for d in e.devices],
         "gpuUses": [{"gpuUUID": u.gpu_uuid, "kind": u.kind} for u in e.gpu_uses],
         "allocation": e.allocation,
-        "mps": _mps_to_json(e.mps) if e.mps else None,
-        "mpsDaemons": [_mps_to_json(m) for m in e.mps_daemons],
+        "mps": e.mps.to_dict() if e.mps else None,
+        "mpsDaemons": [m.to_dict() for m in e.mps_daemons],
         "migs": [_mig_to_json(m) for m in e.migs],
         "timeSlices": [{"gpuUUID": u, "interval": i} for u, i in e.time_slices],
     }
@@ -195,8 +176,8 @@ def entry_from_json(data: dict[str, Any]) -> ClaimEntry:
         devices=tuple(_device_from_json(d) for d in data.get("devices", [])),
         gpu_uses=tuple(GpuUse(str(u["gpuUUID"]), str(u["kind"])) for u in data.get("gpuUses", [])),
         allocation=allocation,
-        mps_daemons=tuple(_mps_from_json(m) for m in data["mpsDaemons"]) if "mpsDaemons" in data
-        else (_mps_from_json(data["mps"]),) if data.get("mps") else (),
+        mps_daemons=tuple(MpsDaemon.from_dict(m) for m in data["mpsDaemons"]) if "mpsDaemons" in data
+        else (MpsDaemon.from_dict(data["mps"]),) if data.get("mps") else (),
         migs=tuple(_mig_from_json(m) for m in data.get("migs", [])),
         time_slices=tuple((str(t["gpuUUID"]), str(t["interval"])) for t in data.get("timeSlices", [])),
     )
