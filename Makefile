@@ -72,8 +72,8 @@ demo-down: $(STAMP)
 bench: $(STAMP) harness node
 	$(NODE_ENV) $(PY) -m benchmarks.run
 
-# tessera on a kwok cluster of 1,000 GPU nodes (benchmarks/scale, BENCHMARKS.md "Scale"): about 25 minutes on
-# 2 cores, up to 16 GiB of memory at its peak; not part of `make test`. It builds kwok (benchmarks/scale/
+# tessera on a kwok cluster of 1,000 GPU nodes (benchmarks/scale, BENCHMARKS.md "Scale"): about 15 minutes on
+# 2 cores, about 12 GiB of memory at its peak; not part of `make test`. It builds kwok (benchmarks/scale/
 # build-kwok.sh, cached like the harness) and stops cleanly under --min-free-gib. SCALE_ARGS for variants,
 # e.g. SCALE_ARGS="--nodes 1000 --dgx-mig static --webhook-reference".
 SCALE_ARGS ?= --nodes 1000
