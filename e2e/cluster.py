@@ -16,6 +16,7 @@ import datetime
 import functools
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -262,6 +263,16 @@ def create_fake_node(kube: Kube, name: str) -> Obj:
     }})
 
 
+# The short kubelet directories made under /tmp (NodeAgent.kubelet_dir): the session's work dir only holds
+# links to them, so removing it would leave them behind.
+SHORT_DIRS: list[Path] = []
+
+
+def remove_short_dirs() -> None:
+    while SHORT_DIRS:
+        shutil.rmtree(SHORT_DIRS.pop(), ignore_errors=True)
+
+
 @dataclass
 class NodeAgent:
     """One fake node: the harness's kubelet stand-in and `tessera kubelet-plugin` for it."""
@@ -286,6 +297,7 @@ class NodeAgent:
         if len(str(path / "plugins_registry" / "gpu.tessera.dev-reg.sock")) <= 100 or path.exists():
             return path
         short = Path(tempfile.mkdtemp(prefix="tessera-kubelet-", dir="/tmp"))
+        SHORT_DIRS.append(short)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(short)
         return path.resolve()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from e2e.chart import build_image, install_into, simulated_node_labels
-from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available
+from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available, remove_short_dirs
 from e2e.kube import Kube
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, real_node_unavailable
@@ -98,6 +98,7 @@ def work_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="tessera-e2e-", dir="/tmp"))
     yield path
     if "failed" not in _state:
+        remove_short_dirs()
         shutil.rmtree(path, ignore_errors=True)
     else:
         print(f"\ne2e work dir kept for inspection: {path}")

@@ -134,3 +134,17 @@ def test_a_plugin_that_skips_a_claim_fails_the_prepare_until_it_answers(
         # Unprepare needs the plugin: delete the pod while it still answers.
         delete_pods(kube, namespace)
         server.stop(0)
+
+
+def test_a_deep_work_dir_gets_a_short_kubelet_dir_that_the_session_removes(tmp_path: Path) -> None:
+    """Socket paths must fit 108 bytes, so a deep node directory links to a short one under /tmp; the
+    session's teardown (conftest's work_dir) removes those, or every run leaves one behind."""
+    from e2e.cluster import SHORT_DIRS, remove_short_dirs
+
+    deep = tmp_path / ("d" * 60) / "nodes" / "a-node-with-a-long-name"
+    agent = NodeAgent("a-node-with-a-long-name", "t4-4", deep, Path("/nonexistent"), Path("/nonexistent"))
+    short = agent.kubelet_dir
+    assert short.parent == Path("/tmp") and short.name.startswith("tessera-kubelet-")
+    assert short in SHORT_DIRS and (deep / "kubelet").is_symlink()
+    remove_short_dirs()
+    assert not short.exists() and SHORT_DIRS == []
