@@ -49,7 +49,6 @@ class ControllerApp:
         **cache_options: Any,
     ) -> None:
         self.cel_environment = cel_environment.new_expressions()
-        self.cache = ClusterCache(api, **cache_options)
         self.cache = ClusterCache(api, **{"warm": True, **cache_options})
         self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
         self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
