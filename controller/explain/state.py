@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from controller.cluster.booking import Booking, DeviceKey, bookings
@@ -31,23 +32,19 @@ def whole(value: Fraction) -> Amount:
 
 def exact(value: Any) -> Amount:
     """A quantity's value as an exact amount (0 when it does not parse), an int when it is whole."""
-    if type(value) is str:
-        found = _EXACT.get(value)
-        if found is None:
-            if len(_EXACT) > 10_000:
-                _EXACT.clear()
-            found = _EXACT[value] = _exact(value)
-        return found
-    return _exact(value)
+    return _exact_text(value) if type(value) is str else _exact(value)
+
+
+@lru_cache(maxsize=4096)
+def _exact_text(text: str) -> Amount:
+    # a fleet's counters hold a handful of distinct values ("1", "10Gi"), read 400,000 times at 1,000 nodes;
+    # quantity() caches the parse, this also the int conversion (a third of the time left)
+    return _exact(text)
 
 
 def _exact(value: Any) -> Amount:
     q = quantity(value)
     return 0 if q is None else whole(q)
-
-
-# A fleet's counters hold a handful of distinct values ("1", "10Gi"), parsed 400,000 times at 1,000 nodes.
-_EXACT: dict[str, Amount] = {}
 
 
 def device_key(device: InventoryDevice) -> DeviceKey:
