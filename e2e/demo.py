@@ -40,7 +40,7 @@ from e2e.chart import (
 )
 from e2e.cluster import DRIVER, Cluster, NodeSpec
 from e2e.kube import Kube, Obj
-from e2e.network import kill_net_namespace
+from e2e.network import kill_namespace
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import kill_node, pid_alive, real_node_unavailable
 from e2e.processes import REPO, ClusterError, wait_for
@@ -127,7 +127,7 @@ def down() -> int:
     for node in pids.get("realNodes", []):
         kill_node(node["holder"], node["cgroup"])
     if "network" in pids:
-        kill_net_namespace(pids["network"]["holder"])
+        kill_namespace(pids["network"]["holder"], "net")
     # Reverse start order: node agents first, the apiserver and etcd last.
     for entry in reversed(pids["processes"]):
         if pid_alive(entry["pid"]):

@@ -165,8 +165,8 @@ class PrivateNetwork:
             "netns-hub", ["unshare", "--net", "--", "sleep", "infinity"], self.work_dir / "logs" / "netns-hub.log",
             env={OWNER_ENV: f"{self.owner}:{self.work_dir}", NETNS_ENV: "hub"}).start()
         holder = self.holder
-        wait_for(lambda: holder.alive_and(lambda: _netns(holder.pid) != _netns(os.getpid())), timeout=10,
-                 what="the control plane's network namespace")
+        wait_for(lambda: holder.alive_and(lambda: _namespace(holder.pid, "net") != _namespace(os.getpid(), "net")),
+                 timeout=10, what="the control plane's network namespace")
         prefix = self.enter()
         _run([*prefix, "ip", "link", "set", "lo", "up"])
         _run([*prefix, "ip", "addr", "add", f"{KUBERNETES_SERVICE_IP}/32", "dev", "lo"])
@@ -216,7 +216,7 @@ class PrivateNetwork:
         for proc in self.forwarders:
             proc.stop()
         if self.holder is not None and self.holder.alive():
-            kill_net_namespace(self.holder.pid)
+            kill_namespace(self.holder.pid, "net")
             self.holder.stop()
 
 
@@ -225,10 +225,6 @@ def _namespace(pid: int, kind: str) -> str:
         return os.readlink(f"/proc/{pid}/ns/{kind}")
     except OSError:
         return ""
-
-
-def _netns(pid: int) -> str:
-    return _namespace(pid, "net")
 
 
 def kill_namespace(holder_pid: int, kind: str) -> None:
@@ -249,10 +245,6 @@ def kill_namespace(holder_pid: int, kind: str) -> None:
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(holder_pid, signal.SIGKILL)
-
-
-def kill_net_namespace(holder_pid: int) -> None:
-    kill_namespace(holder_pid, "net")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from e2e.network import NETNS_ENV, OWNER_ENV, NodeLink, PrivateNetwork, http_get, kill_namespace, kill_net_namespace
+from e2e.network import NETNS_ENV, OWNER_ENV, NodeLink, PrivateNetwork, http_get, kill_namespace
 from e2e.node.images import PAUSE_IMAGE, build_images, import_images
 from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_for
 
@@ -136,11 +136,6 @@ def _kill_cgroup_tree(name: str) -> None:
                 top.rmdir()
 
 
-def _kill_namespace(holder_pid: int) -> None:
-    """SIGKILL every process still in the node's mount namespace (shims, a stuck kubelet), then the holder."""
-    kill_namespace(holder_pid, "mnt")
-
-
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (it may belong to another user)."""
     try:
@@ -154,7 +149,7 @@ def pid_alive(pid: int) -> bool:
 
 def kill_node(holder_pid: int, cgroup_name: str) -> None:
     """Tear down a node from another process (`make demo-down`): its namespace, then its pods' cgroups."""
-    _kill_namespace(holder_pid)
+    kill_namespace(holder_pid, "mnt")
     _kill_cgroup_tree(cgroup_name)
 
 
@@ -174,7 +169,7 @@ def clean_stale_nodes() -> list[str]:
                 owner, _, node_dir = var.split(b"=", 1)[1].decode().partition(":")
                 # Owner 0: a detached cluster (the demo), removed only by `make demo-down`.
                 if owner.isdigit() and int(owner) > 0 and not pid_alive(int(owner)) and int(owner) != os.getpid():
-                    (kill_net_namespace if hub else _kill_namespace)(int(entry.name))
+                    kill_namespace(int(entry.name), "net" if hub else "mnt")
                     cleaned.append(node_dir)
     pattern = re.compile(re.escape(CGROUP_PREFIX) + r"(\d+)-")
     for hierarchy in _cgroup_hierarchies():
@@ -504,7 +499,7 @@ class RealNode:
         if self.containerd is not None:
             self.containerd.stop()
         if self.holder is not None and self.holder.alive():
-            _kill_namespace(self.holder.pid)
+            kill_namespace(self.holder.pid, "mnt")
             self.holder.stop()
         _kill_cgroup_tree(self.cgroup_name)
 
