@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,19 +57,30 @@ class ClientConfig:
     source: str
 
 
+def _transport_retries() -> Any:
+    """urllib3's retries for tessera's client: connection failures as before (3 tries), but a 429 comes back at
+    once. urllib3's default slept out the apiserver's Retry-After up to three times inside the call; API Priority
+    and Fairness raises that value to 32 s while it keeps dropping requests, so a node agent sat unseen and
+    unstoppable in one call for up to 96 s. The caller now sees the 429 and its Retry-After (ApiError)."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=3, respect_retry_after_header=False, raise_on_status=False)
+
+
 def load_client(kubeconfig: str | None = None) -> ClientConfig:
     """The client kubectl would build for `kubeconfig` (see the module's docstring); KubeConfigError if it
     cannot be loaded."""
     from kubernetes import client, config
 
     path = kubeconfig_path(kubeconfig)
+    configuration = client.Configuration()
+    configuration.retries = _transport_retries()
     try:
         if path:
-            api_client = config.new_client_from_config(config_file=path)
+            api_client = config.new_client_from_config(config_file=path, client_configuration=configuration)
             _, active = config.list_kube_config_contexts(config_file=path)
             namespace = str(((active or {}).get("context") or {}).get("namespace") or "default")
             return ClientConfig(api_client, namespace, path)
-        configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
         return ClientConfig(client.ApiClient(configuration), "default", IN_CLUSTER)
     except Exception as exc:  # the loaders raise ConfigException, OSError, yaml and key errors alike
@@ -80,11 +92,19 @@ class ApiError(TesseraError):
 
     reason = "apiserver"
 
-    def __init__(self, status: int, http_reason: str, message: str = "") -> None:
+    def __init__(self, status: int, http_reason: str, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(f"{status} {http_reason}: {message}" if message else f"{status} {http_reason}")
         self.status = status
         self.http_reason = http_reason  # the HTTP reason phrase ("Not Found"); `reason` is the metric label
         self.message = message
+        # seconds the apiserver asked us to wait (its Retry-After header): API Priority and Fairness sends it
+        # with every 429, and the request was not carried out, so it can be sent again after that long
+        self.retry_after = retry_after
+
+    @property
+    def throttled(self) -> bool:
+        """The apiserver refused the request unprocessed because it is busy (429 Too Many Requests)."""
+        return self.status == 429
 
     @property
     def not_found(self) -> bool:
@@ -118,11 +138,23 @@ class KubeAPI(Protocol):
     ) -> Iterator[WatchEvent]: ...
 
 
+def retry_after_seconds(value: object) -> float | None:
+    """A Retry-After header's delay in seconds; None when absent or not a number of seconds (the HTTP-date
+    form is not used by kube-apiserver)."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 3600 else None
+
+
 def _translate(exc: Exception) -> ApiError:
     from kubernetes.client.exceptions import ApiException
 
     if isinstance(exc, ApiException):
-        return ApiError(int(exc.status or 0), str(exc.reason or ""), str(exc.body or "")[:500])
+        headers = exc.headers or {}
+        return ApiError(int(exc.status or 0), str(exc.reason or ""), str(exc.body or "")[:500],
+                        retry_after=retry_after_seconds(headers.get("Retry-After")))
     return ApiError(0, "Unreachable", str(exc))
 
 
@@ -138,8 +170,21 @@ class RealKubeAPI:
         self.source = loaded.source
         self._client = loaded.client
         self._custom = client.CustomObjectsApi(loaded.client)
-        self._core = client.CoreV1Api(loaded.client)
+        self._core_api: Any = None
+        self._core_lock = threading.Lock()
         self._timeout = request_timeout
+
+    @property
+    def _core(self) -> Any:
+        """kubernetes.client.CoreV1Api, imported on first use: the module takes 0.3 s to import, which the
+        resource.k8s.io calls (all a node agent makes but its Node lookup) need not pay, and which `tessera
+        status` pays in its pod-reading thread while the apiserver is still sending the slices."""
+        with self._core_lock:
+            if self._core_api is None:
+                from kubernetes.client.api.core_v1_api import CoreV1Api
+
+                self._core_api = CoreV1Api(self._client)
+            return self._core_api
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

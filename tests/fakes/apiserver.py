@@ -62,9 +62,10 @@ class FakeKubeAPI:
         self.on_call: Callable[[str], None] | None = None
 
     # -- test controls -------------------------------------------------------------------
-    def fail_next(self, count: int, status: int = 0, reason: str = "Unreachable") -> None:
+    def fail_next(self, count: int, status: int = 0, reason: str = "Unreachable",
+                  retry_after: float | None = None) -> None:
         with self._lock:
-            self._failures.extend(ApiError(status, reason, "injected") for _ in range(count))
+            self._failures.extend(ApiError(status, reason, "injected", retry_after=retry_after) for _ in range(count))
 
     def add_node(self, name: str) -> Obj:
         node: Obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(uuid.uuid4())}}
