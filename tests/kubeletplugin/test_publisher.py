@@ -111,6 +111,22 @@ def test_a_sync_without_changes_writes_nothing(fake: FakeKubeAPI) -> None:
     assert (pub.syncs, pub.publishes) == (2, 1)
 
 
+def test_syncs_never_change_the_desired_slices_they_write_from(fake: FakeKubeAPI) -> None:
+    # the bodies written share their devices with the desired slices (no copy of 50 KB slices per pass): a write
+    # path that changed one in place would corrupt what every later pass publishes
+    pub = Publisher(fake, NODE, two_slices())
+    desired = copy.deepcopy(pub._desired)
+    assert pub.sync_once()
+    with_devices = next(i for i, s in enumerate(desired) if s["spec"].get("devices"))
+    fake.external_edit_slice(slice_name(NODE, with_devices), lambda o: o["spec"]["devices"].pop())
+    fake.external_delete_slice(slice_name(NODE, 1 - with_devices))
+    assert pub.sync_once()  # an update and a create, in a new generation
+    assert pub._desired == desired
+    published = [stored(fake)[slice_name(NODE, i)]["spec"] for i in range(2)]
+    assert [{k: v for k, v in spec.items() if k != "pool"} for spec in published] == \
+        [{k: v for k, v in s["spec"].items() if k != "pool"} for s in desired]
+
+
 def test_a_single_slice_change_is_updated_in_place_without_a_generation_bump(fake: FakeKubeAPI) -> None:
     pub = Publisher(fake, NODE, one_slice(2))
     pub.sync_once()
@@ -360,6 +376,59 @@ def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fa
     assert delays[:5] == [0.5, 1.0, 2.0, 3.0, 3600]
     assert pub.errors == 4
     assert slice_name(NODE, 0) in stored(fake)
+
+
+def _sync_delays(fake: FakeKubeAPI, count: int, **publisher: Any) -> tuple[list[float], Publisher]:
+    """The waits of the sync thread until it published (after `count` + 1 waits)."""
+    delays: list[float] = []
+    done = threading.Event()
+
+    def record(event: threading.Event, timeout: float) -> bool:
+        delays.append(timeout)
+        if len(delays) > count:
+            done.set()
+            return event.wait(timeout)
+        return True
+
+    pub = Publisher(fake, NODE, one_slice(), watch=False, resync_interval=3600, wait=record, **publisher)
+    pub.start()
+    try:
+        assert done.wait(10)
+        assert pub.wait_synced(10)
+    finally:
+        pub.stop()
+    return delays, pub
+
+
+def test_a_throttled_apiserver_is_retried_soon_not_after_the_long_backoff(fake: FakeKubeAPI) -> None:
+    # 429s from API Priority and Fairness: the apiserver is busy, not gone. Growing the wait to the 30 s cap
+    # left nodes idle long after the crowd had thinned in a 1,000-node storm.
+    fake.fail_next(6, 429, "Too Many Requests")
+    delays, pub = _sync_delays(
+        fake, 6, backoff=Backoff(initial=0.5, maximum=30.0, jitter=0.0),
+        throttled_backoff=Backoff(initial=1.0, maximum=4.0, factor=1.5, jitter=0.0))
+    assert delays == [1.0, 1.5, 2.25, 3.375, 4.0, 4.0, 3600]  # no Retry-After: the short backoff alone
+    assert pub.errors == 6
+
+
+@pytest.mark.parametrize(("rng", "expected"), [(0.0, [7.0, 7.0, 8.0]), (1.0, [10.5, 10.5, 12.0])])
+def test_a_throttled_retry_waits_what_retry_after_asks_up_to_a_cap(fake: FakeKubeAPI, rng: float,
+                                                                    expected: list[float]) -> None:
+    # never earlier than Retry-After, spread over up to half as long again; APF's 32 s is waited out as 8 s
+    fake.fail_next(2, 429, "Too Many Requests", retry_after=7.0)
+    fake.fail_next(1, 429, "Too Many Requests", retry_after=32.0)
+    delays, _ = _sync_delays(fake, 3, throttled_backoff=Backoff(initial=1.0, maximum=4.0, jitter=0.0,
+                                                                rng=lambda: rng))
+    assert delays == [*expected, 3600]
+
+
+def test_an_unreachable_apiserver_still_gets_the_long_backoff_after_throttling(fake: FakeKubeAPI) -> None:
+    # a 429 then the apiserver going away: back to the exponential backoff, whose count the 429s did not touch
+    fake.fail_next(1, 429, "Too Many Requests")
+    fake.fail_next(3, 0)
+    delays, _ = _sync_delays(fake, 4, backoff=Backoff(initial=0.5, maximum=30.0, jitter=0.0),
+                             throttled_backoff=Backoff(initial=1.0, maximum=4.0, jitter=0.0))
+    assert delays == [1.0, 0.5, 1.0, 2.0, 3600]
 
 
 def test_wait_synced_reports_false_while_the_apiserver_stays_down(fake: FakeKubeAPI) -> None:
