@@ -1,3 +1,3 @@
-from tessera.cli import main
+from tessera.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from driver.logsetup import configure_logging
 
@@ -36,7 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _run(argv)[0]
+
+
+def _run(argv: Sequence[str] | None) -> tuple[int, ModuleType]:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     rc: int = args._module.run(args)
-    return rc
+    return rc, args._module
+
+
+def entry() -> None:
+    """The console script (and `python -m tessera`). A command that read a whole cluster (`EXIT_AT_ONCE` in its
+    module) leaves without freeing it: at 1,000 DGX nodes that is a gigabyte of small objects, whose teardown
+    took about 0.3 s of a 5 s `tessera status` and did nothing the kernel does not do at exit anyway."""
+    rc, module = _run(None)
+    if getattr(module, "EXIT_AT_ONCE", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    raise SystemExit(rc)

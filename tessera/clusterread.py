@@ -8,7 +8,8 @@ left out; the rest must be readable, or the command stops with a ReadError namin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from driver import DRIVER_NAME
@@ -31,6 +32,15 @@ def connect(kubeconfig: str | None = None, *, timeout: float = 30.0) -> RealKube
         raise ReadError(str(exc)) from exc
 
 
+def read_together(reads: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Every read at once, each in its own thread; their results by name. While the apiserver encodes and sends
+    one list (92 MB of slices at 1,000 DGX nodes, about a second), the others are fetched and decoded. When
+    reads fail, the first failing one in `reads`' order is raised, once all have ended."""
+    with ThreadPoolExecutor(max_workers=max(1, len(reads)), thread_name_prefix="read") as pool:
+        futures = {name: pool.submit(read) for name, read in reads.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
 def _items(what: str, call: Callable[[], Obj | None], *, optional: bool = False) -> list[Obj] | None:
     """The list's items; None when an optional read is refused (401, 403) or not served (404)."""
     try:
@@ -38,7 +48,7 @@ def _items(what: str, call: Callable[[], Obj | None], *, optional: bool = False)
     except ApiError as exc:
         if optional and exc.status in (401, 403, 404):
             return None
-        reason = f"{exc.status} {exc.reason}" if exc.status else exc.message or exc.reason
+        reason = f"{exc.status} {exc.http_reason}" if exc.status else exc.message or exc.http_reason
         raise ReadError(f"cannot read {what}: {reason}") from exc
     if listing is None:
         return None

@@ -17,6 +17,8 @@ import json
 import sys
 from typing import TextIO
 
+EXIT_AT_ONCE = True  # tessera.cli.entry: what was read is not freed one object at a time at exit
+
 POD_KINDS = ("pod", "pods", "po")
 CLAIM_KINDS = ("resourceclaim", "resourceclaims", "claim", "claims")
 
@@ -80,16 +82,21 @@ def explain(target: str, *, namespace: str | None, kubeconfig: str | None, outpu
     try:
         api = read.connect(kubeconfig)
         ns = namespace or api.namespace
-        view = ClusterView(
-            slices=read.resource_slices(api), classes=by_name(read.device_classes(api)),
-            claims=read.resource_claims(api), pods=read.pods(api, ns) or [], nodes=read.nodes(api),
-            templates=read.templates(api, ns), events=read.prepare_events(api, ns, name) if kind != "resourceclaim"
-            else [], taint_rules=read.taint_rules(api) or [],
-        )
+        got = read.read_together({
+            "slices": lambda: read.resource_slices(api), "classes": lambda: read.device_classes(api),
+            "claims": lambda: read.resource_claims(api), "pods": lambda: read.pods(api, ns),
+            "nodes": lambda: read.nodes(api), "templates": lambda: read.templates(api, ns),
+            "events": lambda: read.prepare_events(api, ns, name) if kind != "resourceclaim" else [],
+            "taint_rules": lambda: read.taint_rules(api)})
     except read.ReadError as exc:
         print(f"tessera explain: {exc}", file=err)
         return 2
-    keep_for_good()  # what was read lives until the command exits
+    # what was read lives until the command exits; frozen before the snapshot is built (see `tessera status`)
+    keep_for_good()
+    view = ClusterView(
+        slices=got["slices"], classes=by_name(got["classes"]), claims=got["claims"], pods=got["pods"] or [],
+        nodes=got["nodes"], templates=got["templates"], events=got["events"], taint_rules=got["taint_rules"] or [],
+    )
     try:
         if kind == "resourceclaim" or (not kind and view.find("pod", ns, name) is None
                                        and view.find("claim", ns, name) is not None):

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+EXIT_AT_ONCE = True  # tessera.cli.entry: what was read is not freed one object at a time at exit
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
@@ -32,12 +34,16 @@ def status(*, kubeconfig: str | None, output: str, svg: str | None, out: TextIO,
 
     try:
         api = read.connect(kubeconfig)
-        view = ClusterView(slices=read.resource_slices(api), classes={}, claims=read.resource_claims(api))
-        pods = read.pods(api)
+        got = read.read_together({"slices": lambda: read.resource_slices(api),
+                                  "claims": lambda: read.resource_claims(api), "pods": lambda: read.pods(api)})
     except read.ReadError as exc:
         print(f"tessera status: {exc}", file=err)
         return 2
-    keep_for_good()  # what was read lives until the command exits
+    # What was read lives until the command exits. Frozen before the snapshot is built: the collector's full
+    # passes over a million objects just decoded took 1 s of building it at 1,000 DGX nodes.
+    keep_for_good()
+    view = ClusterView(slices=got["slices"], classes={}, claims=got["claims"])
+    pods = got["pods"]
     report = cluster_status(view, pods)
     if svg:
         try:

@@ -6,7 +6,10 @@ cluster serves."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,8 +18,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from driver.kubeapi import KubeConfigError, RealKubeAPI, load_client
+from driver.kubeapi import ApiError, KubeConfigError, RealKubeAPI, load_client
 from tessera import clusterread as read
+
+REPO = Path(__file__).resolve().parents[2]
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml", "uid": "u1"},
        "spec": {"containers": [{"name": "c", "image": "x"}]},
@@ -36,6 +41,8 @@ class Api:
     def __init__(self) -> None:
         self.routes: dict[str, tuple[int, Any]] = {}
         self.queries: dict[str, dict[str, str]] = {}
+        self.headers: dict[str, dict[str, str]] = {}  # extra response headers by path
+        self.hits: Counter[str] = Counter()  # requests by path
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         api = self
@@ -47,11 +54,14 @@ class Api:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 api.queries[url.path] = {k: v[0] for k, v in parse_qs(url.query).items()}
+                api.hits[url.path] += 1
                 code, body = api.routes.get(url.path, (404, {"kind": "Status", "code": 404, "reason": "NotFound"}))
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for key, value in api.headers.get(url.path, {}).items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -117,6 +127,23 @@ def test_optional_reads_refused_are_left_out_and_required_ones_name_the_read(
         read.resource_claims(client)
 
 
+@pytest.mark.parametrize(("header", "expected"), [("32", 32.0), ("Wed, 21 Oct 2026 07:28:00 GMT", None), ("", None)])
+def test_a_throttled_answer_carries_its_retry_after(served: tuple[Api, RealKubeAPI], header: str,
+                                                    expected: float | None) -> None:
+    # API Priority and Fairness answers 429 with Retry-After; the node agent waits at least that long
+    api, client = served
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    api.routes[path] = (429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"})
+    if header:
+        api.headers[path] = {"Retry-After": header}
+    with pytest.raises(ApiError) as caught:
+        client.list_resource_slices(field_selector="spec.nodeName=n")
+    assert caught.value.throttled and caught.value.status == 429
+    assert caught.value.retry_after == expected
+    # the 429 reached the caller at once: urllib3's default would have slept out Retry-After three times over
+    assert api.hits[path] == 1
+
+
 def test_the_context_namespace_and_a_merged_kubeconfig_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = kubeconfig(tmp_path / "a", "https://127.0.0.1:1", "ml")
     other = tmp_path / "b"
@@ -168,3 +195,47 @@ def test_a_slice_list_asks_the_watch_cache_only_when_given_a_version(served: tup
                                  "resourceVersionMatch": "NotOlderThan"}
     client.list_resource_slices(field_selector="spec.driver=gpu.tessera.dev")
     assert api.queries[path] == {"fieldSelector": "spec.driver=gpu.tessera.dev"}  # a consistent read
+
+
+def test_reads_run_together_and_the_first_failure_in_order_is_raised() -> None:
+    both = threading.Barrier(2, timeout=5)  # passes only when the two reads are in flight at once
+
+    def meet() -> str:
+        both.wait()
+        return "ok"
+
+    assert read.read_together({"a": meet, "b": meet}) == {"a": "ok", "b": "ok"}
+
+    def fail(what: str) -> Any:
+        raise read.ReadError(f"cannot read {what}")
+
+    with pytest.raises(read.ReadError, match="cannot read slices"):
+        read.read_together({"pods": lambda: [], "slices": lambda: fail("slices"), "claims": lambda: fail("claims")})
+
+
+def _tessera(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tessera", "--log-level", "error", *argv], capture_output=True,
+                          text=True, cwd=REPO, timeout=120, check=False)
+
+
+def test_status_and_explain_as_processes_flush_everything_and_keep_their_exit_code(
+        served: tuple[Api, RealKubeAPI], tmp_path: Path) -> None:
+    # both leave through os._exit (tessera.cli.entry) without freeing what they read: nothing written may be lost
+    api, _ = served
+    config = str(tmp_path / "config")
+    slices = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"node-{i}-gpu"},
+               "spec": {"driver": "gpu.tessera.dev", "nodeName": f"node-{i}",
+                        "pool": {"name": f"node-{i}", "generation": 1, "resourceSliceCount": 1},
+                        "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}},
+                                     "capacity": {"memory": {"value": "80Gi"}}}]}} for i in range(400)]
+    api.routes["/apis/resource.k8s.io/v1/resourceslices"] = (200, {"items": slices})
+    api.routes["/apis/resource.k8s.io/v1/resourceclaims"] = (200, {"items": []})
+    api.routes["/api/v1/pods"] = (200, {"items": []})
+    status = _tessera("status", f"--kubeconfig={config}", "-o", "json")
+    assert status.returncode == 0, status.stderr
+    assert len(json.loads(status.stdout)["nodes"]) == 400  # the whole document, well past a pipe's buffer
+    explain = _tessera("explain", "pod/missing", "-n", "ml", f"--kubeconfig={config}")
+    assert (explain.returncode, explain.stderr) == (2, "tessera explain: cannot read deviceclasses: 404 Not Found\n")
+    api.routes["/apis/resource.k8s.io/v1/deviceclasses"] = (200, {"items": []})
+    explain = _tessera("explain", "pod/missing", "-n", "ml", f"--kubeconfig={config}")
+    assert explain.returncode == 2 and "missing" in explain.stderr and "not found" in explain.stderr, explain.stderr
