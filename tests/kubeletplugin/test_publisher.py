@@ -431,6 +431,44 @@ def test_an_unreachable_apiserver_still_gets_the_long_backoff_after_throttling(f
     assert delays == [1.0, 0.5, 1.0, 2.0, 3600]
 
 
+def _refuse_second(fake: FakeKubeAPI, call: str, status: int) -> None:
+    seen: list[str] = []
+
+    def hook(name: str) -> None:
+        seen.append(name)
+        if name == call and seen.count(call) == 2:
+            fake.fail_next(1, status, "refused")
+
+    fake.on_call = hook
+
+
+def test_a_pass_refused_with_429_is_retried_from_what_it_knew_without_a_list(fake: FakeKubeAPI) -> None:
+    # a list of resourceslices weighs 10 APF seats in a large cluster, a write one
+    pub = Publisher(fake, NODE, two_slices())
+    _refuse_second(fake, "create_slice", 429)
+    assert not pub.sync_once()
+    fake.on_call = None
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert [c.split()[0] for c in fake.calls[mark:]] == ["get_node", "create_slice"]  # the refused create only
+    assert len(stored(fake)) == 2 and generations(fake) == {1}
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert [c.split()[0] for c in fake.calls[mark:]] == ["list_slices"]  # the pass after a success lists again
+
+
+@pytest.mark.parametrize("status", [409, 500, 0])
+def test_a_pass_that_failed_otherwise_lists_again(fake: FakeKubeAPI, status: int) -> None:
+    pub = Publisher(fake, NODE, two_slices())
+    _refuse_second(fake, "create_slice", status)
+    assert not pub.sync_once()
+    fake.on_call = None
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert fake.calls[mark].split()[0] == "list_slices"
+    assert len(stored(fake)) == 2
+
+
 def test_wait_synced_reports_false_while_the_apiserver_stays_down(fake: FakeKubeAPI) -> None:
     fake.fail_next(1000)
     pub = Publisher(fake, NODE, one_slice(), watch=False, backoff=Backoff(initial=0.01, maximum=0.02))
