@@ -9,6 +9,7 @@ import pytest
 
 from e2e.cluster import DRIVER, Cluster, NodeSpec, plugin_available
 from e2e.kube import KubeError
+from e2e.processes import wait_for
 from e2e.workloads import claim_spec, claim_template, ensure_namespace, pod, request, slices_of, wait_running
 
 NODE = "e2e-old-a100"
@@ -31,8 +32,9 @@ def older(work_dir: Path) -> Iterator[Cluster]:
 
 
 def test_slices_are_accepted_with_the_new_fields_dropped(older: Cluster) -> None:
-    slices = slices_of(older.kube, NODE)
-    assert slices, "tessera published nothing on the older cluster"
+    # the node agent publishes in its own thread once it is up; the cluster's start does not wait for that
+    slices = wait_for(lambda: slices_of(older.kube, NODE), timeout=30,
+                      what="tessera's slices on the older cluster (none published)")
     devices = [d for s in slices for d in s["spec"].get("devices", [])]
     assert {d["name"] for d in devices} >= {f"gpu-{i}" for i in range(4)}
     # The apiserver strips fields of disabled features: every GPU is then simply exclusive.
