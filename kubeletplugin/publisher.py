@@ -369,13 +369,12 @@ class Publisher:
     def _sync(self, desired: list[Obj]) -> bool:
         reused, self._after_throttle = self._after_throttle, None
         existing = reused if reused is not None else self._list_own()
-        present = {e["metadata"]["name"] for e in existing}
+        known = {e["metadata"]["name"]: e for e in existing}  # kept current below, for a retry after a 429
         # Slices are about to be created (first publish, or someone deleted ours, possibly the garbage
         # collector after the Node was replaced): look the Node up again so the owner uid is current.
-        missing = any(slice_name(self._node, i) not in present for i in range(len(desired)))
+        missing = any(slice_name(self._node, i) not in known for i in range(len(desired)))
         self._ensure_owner(refresh=missing)
         plan = self.plan(desired, existing)
-        known = {e["metadata"]["name"]: e for e in existing}
         try:
             for name in plan.delete:
                 self._own_deletes.add(name)

@@ -167,7 +167,7 @@ class ClusterCache:
         self._warm = warm
         self._warm_delay = warm_delay
         self._warm_pace = warm_pace
-        self.warm_builds = 0  # snapshots the warmer built (tests and the benchmark read it)
+        self.warm_builds = 0  # snapshots the warmer built (read by tests)
         self._slices_changed = threading.Event()
         self._stopping = threading.Event()
         self._warmer: threading.Thread | None = None

@@ -352,32 +352,6 @@ def test_a_conflicting_write_fails_the_sync_and_the_next_sync_recovers(fake: Fak
     assert len(stored(fake)[slice_name(NODE, 0)]["spec"]["devices"]) == 3
 
 
-def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fake: FakeKubeAPI) -> None:
-    delays: list[float] = []
-    done = threading.Event()
-
-    def record(event: threading.Event, timeout: float) -> bool:
-        delays.append(timeout)
-        if len(delays) >= 5:
-            done.set()
-            return event.wait(timeout)
-        return True
-
-    fake.fail_next(4)
-    pub = Publisher(fake, NODE, one_slice(), watch=False, resync_interval=3600,
-                    backoff=Backoff(initial=0.5, maximum=3.0, jitter=0.0), wait=record)
-    pub.start()
-    try:
-        assert done.wait(10)
-        assert pub.wait_synced(10)
-    finally:
-        pub.stop()
-    # Four failed lists back off up to the cap; after the publish the next pass is the periodic resync.
-    assert delays[:5] == [0.5, 1.0, 2.0, 3.0, 3600]
-    assert pub.errors == 4
-    assert slice_name(NODE, 0) in stored(fake)
-
-
 def _sync_delays(fake: FakeKubeAPI, count: int, **publisher: Any) -> tuple[list[float], Publisher]:
     """The waits of the sync thread until it published (after `count` + 1 waits)."""
     delays: list[float] = []
@@ -398,6 +372,15 @@ def _sync_delays(fake: FakeKubeAPI, count: int, **publisher: Any) -> tuple[list[
     finally:
         pub.stop()
     return delays, pub
+
+
+def test_the_sync_thread_backs_off_while_failing_and_publishes_once_reachable(fake: FakeKubeAPI) -> None:
+    fake.fail_next(4)
+    delays, pub = _sync_delays(fake, 4, backoff=Backoff(initial=0.5, maximum=3.0, jitter=0.0))
+    # Four failed lists back off up to the cap; after the publish the next pass is the periodic resync.
+    assert delays[:5] == [0.5, 1.0, 2.0, 3.0, 3600]
+    assert pub.errors == 4
+    assert slice_name(NODE, 0) in stored(fake)
 
 
 def test_a_throttled_apiserver_is_retried_soon_not_after_the_long_backoff(fake: FakeKubeAPI) -> None:
