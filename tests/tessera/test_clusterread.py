@@ -127,7 +127,9 @@ def test_optional_reads_refused_are_left_out_and_required_ones_name_the_read(
         read.resource_claims(client)
 
 
-@pytest.mark.parametrize(("header", "expected"), [("32", 32.0), ("Wed, 21 Oct 2026 07:28:00 GMT", None), ("", None)])
+@pytest.mark.parametrize(("header", "expected"), [
+    ("32", 32.0), ("Wed, 21 Oct 2026 07:28:00 GMT", None), ("", None), ("nan", None), ("-5", None), ("99999", None),
+    ("1" * 400, None)])
 def test_a_throttled_answer_carries_its_retry_after(served: tuple[Api, RealKubeAPI], header: str,
                                                     expected: float | None) -> None:
     # API Priority and Fairness answers 429 with Retry-After; the node agent waits at least that long
