@@ -12,7 +12,6 @@ in-cluster service account (the node agent and the controller in their pods).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from driver import jsonstream
 from driver.errors import TesseraError
 from driver.gcpause import collector_paused
 
@@ -194,13 +194,24 @@ class RealKubeAPI:
             raise _translate(exc) from exc
 
     def _json(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
-        """A core API call's answer as the apiserver's JSON (the generated models would drop newer fields)."""
+        """A call's answer as the apiserver's JSON (the core API's generated models would drop newer fields),
+        decoded while it arrives (driver.jsonstream): a list's items overlap with the apiserver still sending."""
         response = self._call(fn, *args, _preload_content=False, **kwargs)
+        done = False
         try:
             with collector_paused():
-                result: Obj = json.loads(response.data)
-        except ValueError as exc:
+                result = jsonstream.load(response.stream(jsonstream.READ_SIZE))
+            done = True
+        except ValueError as exc:  # not JSON, or not UTF-8
             raise ApiError(0, "BadResponse", f"the apiserver's answer is not JSON: {exc}") from exc
+        except Exception as exc:  # the connection failed or timed out while the answer was read
+            raise _translate(exc) from exc
+        finally:
+            if not done:
+                response.close()  # a connection left half-way through an answer is not used again
+            response.release_conn()
+        if not isinstance(result, dict):
+            raise ApiError(0, "BadResponse", f"the apiserver's answer is not an object but {type(result).__name__}")
         return result
 
     def get_node(self, name: str) -> Obj:
@@ -221,12 +232,11 @@ class RealKubeAPI:
         listing at once took etcd to 14 GiB in 30 s."""
         version = {"resource_version": not_older_than, "resource_version_match": "NotOlderThan"} \
             if not_older_than else {}
-        result: Obj = self._call(
+        return self._json(
             self._custom.list_cluster_custom_object,
             RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices",
             field_selector=field_selector or None, label_selector=label_selector or None, **version,
         )
-        return result
 
     def create_resource_slice(self, body: Obj) -> Obj:
         result: Obj = self._call(
@@ -267,20 +277,14 @@ class RealKubeAPI:
 
     # -- added for the controller (WEBHOOK): list/watch of deviceclasses and all resourceclaims ------------
     def list_device_classes(self) -> Obj:
-        result: Obj = self._call(
-            self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses"
-        )
-        return result
+        return self._json(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
 
     def watch_device_classes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
         return self._watch_cluster("deviceclasses", resource_version, timeout_seconds)
 
     def list_resource_claims(self) -> Obj:
         """ResourceClaims of every namespace (the cluster-wide list endpoint)."""
-        result: Obj = self._call(
-            self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"
-        )
-        return result
+        return self._json(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
 
     def watch_resource_claims(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[WatchEvent]:
         return self._watch_cluster("resourceclaims", resource_version, timeout_seconds)

@@ -43,6 +43,7 @@ class Api:
         self.queries: dict[str, dict[str, str]] = {}
         self.headers: dict[str, dict[str, str]] = {}  # extra response headers by path
         self.hits: Counter[str] = Counter()  # requests by path
+        self.cut: dict[str, int] = {}  # path -> bytes sent before the connection is dropped mid-answer
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         api = self
@@ -56,13 +57,18 @@ class Api:
                 api.queries[url.path] = {k: v[0] for k, v in parse_qs(url.query).items()}
                 api.hits[url.path] += 1
                 code, body = api.routes.get(url.path, (404, {"kind": "Status", "code": 404, "reason": "NotFound"}))
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 for key, value in api.headers.get(url.path, {}).items():
                     self.send_header(key, value)
                 self.end_headers()
+                if url.path in api.cut:
+                    self.wfile.write(data[:api.cut[url.path]])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 self.wfile.write(data)
 
         return Handler
@@ -106,6 +112,36 @@ def test_prepare_events_are_asked_for_by_pod_and_reason(served: tuple[Api, RealK
     assert read.prepare_events(client, "ml", "p") == [EVENT]
     assert api.queries["/api/v1/namespaces/ml/events"]["fieldSelector"] == (
         "involvedObject.kind=Pod,involvedObject.name=p,reason=FailedPrepareDynamicResources")
+
+
+def test_an_answer_that_is_not_a_json_object_names_the_read(served: tuple[Api, RealKubeAPI]) -> None:
+    api, client = served
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    api.routes[path] = (200, b'{"items": [{"spec": {}}, <html>')
+    with pytest.raises(read.ReadError, match="cannot read resourceslices: the apiserver's answer is not JSON"):
+        read.resource_slices(client)
+    api.routes[path] = (200, b"[1, 2]")
+    with pytest.raises(read.ReadError, match=r"cannot read resourceslices: .* not an object but list"):
+        read.resource_slices(client)
+    api.routes[path] = (200, b'{"items": ["\xff"]}')
+    with pytest.raises(read.ReadError, match=r"not JSON: .*utf-8"):
+        read.resource_slices(client)
+
+
+def test_an_answer_cut_off_half_way_is_a_failed_read_and_the_next_read_works(
+        served: tuple[Api, RealKubeAPI]) -> None:
+    """The list is decoded while it arrives: a connection dropped in the middle must still end as the read's
+    error (not the HTTP library's, not a half list), and leave nothing broken for the next call."""
+    api, client = served
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    slices = {"items": [{"metadata": {"name": f"s{i}"}, "spec": {"driver": "gpu.tessera.dev"}} for i in range(500)]}
+    api.routes[path] = (200, slices)
+    api.cut[path] = len(json.dumps(slices)) // 2
+    with pytest.raises(read.ReadError, match=r"cannot read resourceslices: .*(IncompleteRead|Connection broken)"):
+        read.resource_slices(client)
+    del api.cut[path]
+    assert read.resource_slices(client) == slices["items"]
+    assert api.hits[path] == 2
 
 
 def test_taint_rules_come_from_the_first_version_served(served: tuple[Api, RealKubeAPI]) -> None:
@@ -168,23 +204,25 @@ def test_no_configuration_at_all_is_a_clear_error(tmp_path: Path, monkeypatch: p
 def test_answers_are_decoded_with_the_collector_paused(served: tuple[Api, RealKubeAPI],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole cluster's slices are millions of objects: the collector's walks over them were two thirds of
-    the decode (driver.gcpause). Both paths are checked: the client's own decode and tessera's."""
+    the decode (driver.gcpause). Both the resource.k8s.io and the core API's answers are checked."""
     import gc
+
+    from driver import jsonstream
 
     api, client = served
     api.routes["/apis/resource.k8s.io/v1/resourceslices"] = (200, {"items": [{"spec": {"driver": "gpu.tessera.dev"}}]})
     api.routes["/api/v1/namespaces/ml/pods"] = (200, {"kind": "PodList", "items": [POD]})
     seen: list[bool] = []
-    decode = json.loads
+    decode = jsonstream.load
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(gc.isenabled())
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(json, "loads", spy)
+    monkeypatch.setattr(jsonstream, "load", spy)
     gc.enable()
     assert read.resource_slices(client) and read.pods(client, "ml") == [POD]
-    assert len(seen) >= 2 and not any(seen)
+    assert len(seen) == 2 and not any(seen)
     assert gc.isenabled()
 
 
