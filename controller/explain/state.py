@@ -127,6 +127,7 @@ class AllocatedState:
         self._consumed: dict[DeviceKey, dict[CounterKey, Amount]] = {}
         self._values: dict[tuple[DeviceKey, str], Fraction] = {}
         self._overdrawn: dict[str, list[CounterKey]] = {}
+        self._available_by_set: dict[str, dict[str, dict[str, Amount]]] = {}  # pool -> set -> counter -> left
         for key in set(self.dedicated) | set(self.shared):
             device = self.by_key.get(key)
             if device is None:
@@ -182,6 +183,9 @@ class AllocatedState:
             cached = self._available[pool] = {k: self.counter_totals[k] - self.counter_used.get(k, 0)
                                               for k in self.pool_counters.get(pool, [])}
             self._overdrawn[pool] = [k for k, v in cached.items() if v < 0]
+            by_set = self._available_by_set[pool] = {}
+            for (_, counter_set, counter), amount in cached.items():
+                by_set.setdefault(counter_set, {})[counter] = amount
         return cached
 
     def consumed_counters(self, device: InventoryDevice) -> dict[CounterKey, Amount]:
@@ -191,6 +195,29 @@ class AllocatedState:
         if cached is None:
             cached = self._consumed[key] = _consumed_counters(device)
         return cached
+
+    def fits_counters(self, device: InventoryDevice) -> bool:
+        """Whether `counter_shortfalls(device)` is empty, found without building it: status asks this of every
+        free MIG placement (86,400 at 1,000 DGX nodes), and parsing each one's counters into a dict was most
+        of its time. A device that lists one counter set is read straight from its JSON; anything else takes
+        the full check."""
+        consumes = device.spec.get("consumesCounters")
+        if not consumes:
+            return True
+        if len(consumes) != 1 or type(consumes[0]) is not dict:
+            return not self.counter_shortfalls(device)
+        pool = device.pool
+        self.counters_available(pool)
+        if self._overdrawn[pool]:
+            return False  # an overdrawn counter of the pool fails every device that consumes counters
+        in_set = self._available_by_set[pool].get(str(consumes[0].get("counterSet")))
+        if in_set is None:
+            return True  # none of its counters is the pool's: counter_shortfalls skips them too
+        for name, counter in (consumes[0].get("counters") or {}).items():
+            have = in_set.get(str(name))
+            if have is not None and exact((counter or {}).get("value")) > have:
+                return False
+        return True
 
     def counter_shortfalls(self, device: InventoryDevice,
                            allocating: Mapping[CounterKey, Amount] | None = None) -> list[CounterShort]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from controller.cluster.inventory import InventoryDevice
@@ -96,13 +96,19 @@ def _memory(device: InventoryDevice) -> int:
 
 
 def _mig_geometry(device: InventoryDevice) -> tuple[str, int | None, tuple[int, int] | None, int]:
-    profile_attr = device.attribute(device.driver, "profile") or {}
-    placement_attr = device.attribute(device.driver, "placement") or {}
-    profile = str(profile_attr.get("string", ""))
-    placement = placement_attr.get("int")
-    layout = layout_for(device.product_name)
-    if layout is None or not isinstance(placement, int):
-        return profile, placement if isinstance(placement, int) else None, None, 0
+    """The MIG device's profile, placement, (first memory slice, how many) and its card's memory slices."""
+    profile = str((device.attribute(device.driver, "profile") or {}).get("string", ""))
+    placement = (device.attribute(device.driver, "placement") or {}).get("int")
+    return _geometry(device.product_name, profile, placement if isinstance(placement, int) else None)
+
+
+@lru_cache(maxsize=4096)
+def _geometry(product: str, profile: str, placement: int | None) -> tuple[str, int | None, tuple[int, int] | None,
+                                                                          int]:
+    # a fleet has a few dozen (product, profile, placement) triples among 86,400 MIG devices
+    layout = layout_for(product)
+    if layout is None or placement is None:
+        return profile, placement, None, 0
     try:
         size = layout.profile(profile).memory_slices
     except KeyError:
@@ -144,7 +150,7 @@ def cluster_status(view: ClusterView, pods: Iterable[Obj] | None = None) -> Stat
             gpu.memory += _memory(device)  # a static card: its instances are what it offers
         holders = state.holders_of(device)
         gpu.segments.extend(_segment(device, h) for h in holders)
-        if not holders and not state.is_allocated(device) and not state.counter_shortfalls(device):
+        if not holders and not state.is_allocated(device) and state.fits_counters(device):
             gpu.mig_possible.setdefault(profile, []).append(placement if placement is not None else -1)
     for gpu in gpus.values():
         gpu.segments.sort(key=lambda s: (s.slices[0] if s.slices else -1, s.claim))
