@@ -9,10 +9,9 @@ whose slice count does not match `resourceSliceCount` yet is still used (and lis
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from controller.cluster.schema import split_qualified
 from driver import DRIVER_NAME
@@ -23,6 +22,37 @@ if TYPE_CHECKING:
     from driver.cel import DeviceView
 
 Obj = dict[str, Any]
+
+
+T = TypeVar("T")
+
+
+class cached_property(Generic[T]):
+    """functools.cached_property without its lock: Python 3.11's takes one lock shared by every instance on
+    each first read, and reading a device's type and product once for each of 92,800 devices cost `tessera
+    status` 0.4 s. Two threads reading one device for the first time at once both compute the same value."""
+
+    def __init__(self, func: Callable[[Any], T]) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> cached_property[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> T | cached_property[T]:
+        if instance is None:
+            return self
+        # a non-data descriptor: once the value is in the instance's __dict__, Python reads it from there
+        value: T = self.func(instance)
+        instance.__dict__[self.name] = value
+        return value
 
 
 @dataclass(frozen=True, eq=False)
