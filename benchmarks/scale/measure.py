@@ -285,9 +285,36 @@ LIST_FLOOR = ("import sys; from tessera import clusterread as r; api = r.connect
               "print(len(r.resource_slices(api)), len(r.resource_claims(api)))")
 
 
+# what reference_fetch runs: the same two lists read off the connection and dropped, nothing decoded
+FETCH_FLOOR = "import sys; from benchmarks.scale.measure import fetch_lists; fetch_lists(sys.argv[1])"
+
+
+def fetch_lists(kubeconfig: str) -> None:
+    """Read tessera's slices and every claim as bytes and drop them: what the apiserver takes to send them."""
+    from driver import DRIVER_NAME
+    from driver.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION
+    from tessera import clusterread
+
+    custom: Any = clusterread.connect(kubeconfig)._custom
+    for plural, selector in (("resourceslices", f"spec.driver={DRIVER_NAME}"), ("resourceclaims", None)):
+        answer = custom.list_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, plural, field_selector=selector,
+                                                   _preload_content=False, _request_timeout=600)
+        size = sum(len(chunk) for chunk in answer.stream(1 << 18))
+        if answer.status != 200 or not size:
+            raise SystemExit(f"{plural}: HTTP {answer.status}, {size} bytes")
+
+
 def reference_list(kubeconfig: str, runs: int) -> CliResult:
     """The floor any whole-cluster tool pays: a new interpreter listing tessera's slices and every claim."""
-    code = LIST_FLOOR
+    return _python_runs("python: list slices + claims (reference)", LIST_FLOOR, kubeconfig, runs)
+
+
+def reference_fetch(kubeconfig: str, runs: int) -> CliResult:
+    """Kubernetes' share of that floor: a new interpreter reading the same two answers without decoding them."""
+    return _python_runs("python: fetch slices + claims, not decoded (reference)", FETCH_FLOOR, kubeconfig, runs)
+
+
+def _python_runs(label: str, code: str, kubeconfig: str, runs: int) -> CliResult:
     walls = []
     rc = 0
     for _ in range(runs):
@@ -295,7 +322,7 @@ def reference_list(kubeconfig: str, runs: int) -> CliResult:
         rc = subprocess.run([sys.executable, "-c", code, kubeconfig], capture_output=True, cwd=REPO, check=False,
                             timeout=600).returncode
         walls.append(time.perf_counter() - t0)
-    return CliResult("python: list slices + claims (reference)", walls, rc, 1)
+    return CliResult(label, walls, rc, 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -207,7 +207,7 @@ def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Rep
     with report.phase("status and explain"):
         measure.pending_pod(cluster.kube)
         kubeconfig = str(cluster.plane.kubeconfig) if cluster.plane else ""
-        runs = [measure.reference_list(kubeconfig, args.cli_runs),
+        runs = [measure.reference_fetch(kubeconfig, args.cli_runs), measure.reference_list(kubeconfig, args.cli_runs),
                 measure.cli(["status", f"--kubeconfig={kubeconfig}"], args.cli_runs),
                 measure.cli(["explain", f"pod/{measure.PENDING_POD}", "-n", measure.NAMESPACE,
                              f"--kubeconfig={kubeconfig}"], args.cli_runs)]

@@ -242,9 +242,11 @@ def test_the_original_driver_version_is_what_the_simulated_profiles_publish() ->
 # -- the listing reference -------------------------------------------------------------------------
 
 
-def test_the_list_floor_reaches_the_apiserver_through_tessera_s_reader(tmp_path: Path) -> None:
-    """The reference runs in a new interpreter, where a renamed reader would fail only at bench time: against
-    a kubeconfig whose server refuses connections it must get as far as the read, and fail there."""
+@pytest.mark.parametrize(("code", "error"), [(measure.LIST_FLOOR, "ReadError: cannot read resourceslices"),
+                                              (measure.FETCH_FLOOR, "Max retries exceeded")])
+def test_the_references_reach_the_apiserver_through_tessera_s_client(tmp_path: Path, code: str, error: str) -> None:
+    """The references run in a new interpreter, where a renamed reader would fail only at bench time: against
+    a kubeconfig whose server refuses connections each must get as far as the read, and fail there."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
@@ -252,7 +254,7 @@ def test_the_list_floor_reaches_the_apiserver_through_tessera_s_reader(tmp_path:
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}],
     }))
-    proc = subprocess.run([sys.executable, "-c", measure.LIST_FLOOR, str(kubeconfig)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code, str(kubeconfig)], capture_output=True, text=True,
                           cwd=REPO, check=False, timeout=60)
     assert proc.returncode == 1
-    assert "ReadError: cannot read resourceslices" in proc.stderr, proc.stderr[-2000:]
+    assert error in proc.stderr, proc.stderr[-2000:]
