@@ -323,6 +323,55 @@ def test_reflector_relists_when_the_watch_expires():
         r.stop()
 
 
+def test_the_first_list_is_frozen_before_the_collector_can_walk_it(monkeypatch):
+    """At 1,000 DGX nodes the first collections after the slice list walked 1.7 million decoded objects, 2.4 s
+    with every thread stopped: the first list is frozen while the collector is still off, a relist is not."""
+    import controller.cluster.informer as informer
+
+    freezes: list[bool] = []
+    real_freeze = informer.keep_for_good
+
+    def spy() -> None:
+        freezes.append(gc.isenabled())
+        real_freeze()
+
+    monkeypatch.setattr(informer, "keep_for_good", spy)
+    lists = []
+    first: list[dict] = []
+    relisted = threading.Event()
+    release = threading.Event()
+
+    def list_fn():
+        lists.append(1)
+        items = [{"metadata": {"name": f"o{len(lists)}-{i}", "resourceVersion": "1"}, "spec": {"devices": [{}]}}
+                 for i in range(100)]
+        if len(lists) == 1:
+            first.extend(items)
+        return {"metadata": {"resourceVersion": str(len(lists))}, "items": items}
+
+    def watch_fn(rv):
+        if len(lists) == 1:
+            yield WatchEvent("ERROR", {"code": 410, "reason": "Expired"})
+            return
+        relisted.set()
+        release.wait(5)
+
+    gc.unfreeze()
+    gc.enable()
+    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    r.start()
+    try:
+        assert relisted.wait(5)
+        assert freezes == [False]  # once, and with the collector off
+        tracked = {id(o) for o in gc.get_objects()}
+        assert first and not any(id(o) in tracked for o in first)  # frozen: out of every generation
+        assert gc.isenabled()
+    finally:
+        release.set()
+        r.stop()
+        gc.unfreeze()
+
+
 def test_reflector_applies_bookmarks_without_changing_objects():
     versions = []
 
