@@ -380,15 +380,17 @@ class Controller:
     enter: list[str] = field(default_factory=list)
     netns_pid: int | None = None
     port: int = 0
+    metrics_port: int = 0  # its Prometheus /metrics (plain HTTP)
     process: ManagedProcess | None = None
 
     def start(self, kube: Kube, *, timeout: float = 60.0) -> None:
         cert, key = self.pki.issue_server("tessera-controller", self.work_dir / "pki")
         self.port = free_port()
+        self.metrics_port = free_port()
         self.process = ManagedProcess("controller", [
             *self.enter, sys.executable, "-m", "tessera", "--log-format=json", "controller",
             f"--kubeconfig={self.kubeconfig}", f"--tls-cert={cert}", f"--tls-key={key}",
-            f"--listen=127.0.0.1:{self.port}", f"--metrics-addr=127.0.0.1:{free_port()}",
+            f"--listen=127.0.0.1:{self.port}", f"--metrics-addr=127.0.0.1:{self.metrics_port}",
         ], self.work_dir / "logs" / "controller.log").start()
         proc = self.process
         ctx = ssl.create_default_context(cafile=None)

@@ -40,6 +40,38 @@ def parse_rejections(text: str) -> int:
     return total
 
 
+# (endpoint, upper bound in seconds) -> reviews answered within it, cumulative as Prometheus keeps them
+Buckets = dict[tuple[str, float], int]
+REVIEW_HISTOGRAM = "tessera_controller_admission_duration_seconds"
+
+
+def parse_review_buckets(text: str) -> Buckets:
+    """The controller's own time to answer each AdmissionReview (from its /metrics), by endpoint."""
+    out: Buckets = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != REVIEW_HISTOGRAM:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                out[(sample.labels.get("endpoint", ""), float(sample.labels["le"]))] = int(sample.value)
+    return out
+
+
+def slower_than(before: Buckets, after: Buckets, seconds: float) -> dict[str, tuple[int, int]]:
+    """Per endpoint, over what happened between two readings: (reviews answered, those the controller took
+    longer than `seconds` to answer). `seconds` must be one of the histogram's bounds."""
+    out: dict[str, tuple[int, int]] = {}
+    for endpoint in sorted({e for e, _ in after}):
+        def grew(bound: float, endpoint: str = endpoint) -> int:
+            return after.get((endpoint, bound), 0) - before.get((endpoint, bound), 0)
+        if (endpoint, seconds) not in after:
+            raise ValueError(f"{seconds} s is not a bound of {REVIEW_HISTOGRAM}")
+        total = grew(float("inf"))
+        if total:
+            out[endpoint] = (total, total - grew(seconds))
+    return out
+
+
 def delta(before: Requests, after: Requests) -> Requests:
     """What happened between two readings (counters only grow; a missing key counts as zero)."""
     out: Requests = Counter()

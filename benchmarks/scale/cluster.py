@@ -265,6 +265,12 @@ class ScaleCluster:
         except OSError:
             return False
 
+    def controller_metrics_text(self) -> str:
+        """The controller's own /metrics (plain HTTP on the loopback)."""
+        assert self.controller is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.controller.metrics_port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
     def metrics_text(self) -> str:
         """The apiserver's /metrics (the admin token may read it)."""
         assert self.plane is not None

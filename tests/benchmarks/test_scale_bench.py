@@ -258,3 +258,24 @@ def test_the_references_reach_the_apiserver_through_tessera_s_client(tmp_path: P
                           cwd=REPO, check=False, timeout=60)
     assert proc.returncode == 1
     assert error in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_controller_s_own_review_times_are_read_from_its_metrics() -> None:
+    """The bench tells slow round trips from reviews the controller itself was slow to answer by reading its
+    histogram before and after a phase: read from the controller's real registry, so a renamed metric fails."""
+    from prometheus_client import generate_latest
+
+    from controller.metrics import ControllerMetrics
+
+    metrics = ControllerMetrics()
+    metrics.observe("/validate-deviceclass", "DeviceClass", "allowed", 0.004)
+    before = apimetrics.parse_review_buckets(generate_latest(metrics.registry).decode())
+    for seconds in (0.003, 0.02, 0.03, 0.2, 0.4):
+        metrics.observe("/validate-deviceclass", "DeviceClass", "allowed", seconds)
+    metrics.observe("/validate-claim", "ResourceClaim", "allowed", 0.001)
+    after = apimetrics.parse_review_buckets(generate_latest(metrics.registry).decode())
+    assert apimetrics.slower_than(before, after, 0.025) == {"/validate-claim": (1, 0), "/validate-deviceclass": (5, 3)}
+    assert apimetrics.slower_than(before, after, 0.1) == {"/validate-claim": (1, 0), "/validate-deviceclass": (5, 2)}
+    assert apimetrics.slower_than(after, after, 0.1) == {}
+    with pytest.raises(ValueError, match="not a bound"):
+        apimetrics.slower_than(before, after, 0.03)
