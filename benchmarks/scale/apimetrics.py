@@ -40,26 +40,34 @@ def parse_rejections(text: str) -> int:
     return total
 
 
-# (endpoint, upper bound in seconds) -> reviews answered within it, cumulative as Prometheus keeps them
+# (label value, upper bound in seconds) -> observations within it, cumulative as Prometheus keeps them
 Buckets = dict[tuple[str, float], int]
-REVIEW_HISTOGRAM = "tessera_controller_admission_duration_seconds"
+REVIEW_HISTOGRAM = "tessera_controller_admission_duration_seconds"  # the controller's, by endpoint
+# the apiserver's time calling each admission webhook, by webhook name, answer and transfer included
+WEBHOOK_HISTOGRAM = "apiserver_admission_webhook_admission_duration_seconds"
 
 
 def parse_review_buckets(text: str) -> Buckets:
     """The controller's own time to answer each AdmissionReview (from its /metrics), by endpoint."""
+    return parse_buckets(text, REVIEW_HISTOGRAM, "endpoint")
+
+
+def parse_buckets(text: str, histogram: str, label: str) -> Buckets:
+    """A histogram's cumulative buckets from /metrics text, summed over every label but `label`."""
     out: Buckets = {}
     for family in text_string_to_metric_families(text):
-        if family.name != REVIEW_HISTOGRAM:
+        if family.name != histogram:
             continue
         for sample in family.samples:
             if sample.name.endswith("_bucket"):
-                out[(sample.labels.get("endpoint", ""), float(sample.labels["le"]))] = int(sample.value)
+                key = (sample.labels.get(label, ""), float(sample.labels["le"]))
+                out[key] = out.get(key, 0) + int(sample.value)
     return out
 
 
 def slower_than(before: Buckets, after: Buckets, seconds: float) -> dict[str, tuple[int, int]]:
-    """Per endpoint, over what happened between two readings: (reviews answered, those the controller took
-    longer than `seconds` to answer). `seconds` must be one of the histogram's bounds."""
+    """Per label value, over what happened between two readings: (observations, those over `seconds`).
+    `seconds` must be one of the histogram's bounds."""
     out: dict[str, tuple[int, int]] = {}
     for endpoint in sorted({e for e, _ in after}):
         def grew(bound: float, endpoint: str = endpoint) -> int:

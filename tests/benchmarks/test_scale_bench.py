@@ -279,3 +279,18 @@ def test_the_controller_s_own_review_times_are_read_from_its_metrics() -> None:
     assert apimetrics.slower_than(after, after, 0.1) == {}
     with pytest.raises(ValueError, match="not a bound"):
         apimetrics.slower_than(before, after, 0.03)
+
+
+def test_the_apiserver_s_webhook_call_times_are_summed_by_webhook_name() -> None:
+    def text(fast: int, slow: int) -> str:
+        lines = ["# TYPE apiserver_admission_webhook_admission_duration_seconds histogram"]
+        for operation in ("CREATE", "UPDATE"):
+            labels = f'name="claims.tessera.dev",operation="{operation}",rejected="false",type="validating"'
+            for le, count in (("0.025", fast), ("0.1", fast), ("0.5", fast + slow), ("+Inf", fast + slow)):
+                lines.append(f'apiserver_admission_webhook_admission_duration_seconds_bucket{{{labels},le="{le}"}} '
+                             f"{count}")
+        return "\n".join(lines) + "\n"
+
+    before = apimetrics.parse_buckets(text(1, 0), apimetrics.WEBHOOK_HISTOGRAM, "name")
+    after = apimetrics.parse_buckets(text(5, 2), apimetrics.WEBHOOK_HISTOGRAM, "name")
+    assert apimetrics.slower_than(before, after, 0.1) == {"claims.tessera.dev": (12, 4)}
