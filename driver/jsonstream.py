@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -109,20 +109,20 @@ def load(chunks: Iterable[bytes]) -> Any:
             raise text.error("expected a key")
         key = text.value()
         text.take(":")
-        out[key] = _array(text, text.value) if key == "items" and text.peek() == "[" else text.value()
+        out[key] = _array(text) if key == "items" and text.peek() == "[" else text.value()
     text.pos += 1
     _end(text)
     return out
 
 
-def _array(text: _Text, item: Callable[[], Any]) -> list[Any]:
+def _array(text: _Text) -> list[Any]:
     text.take("[")
     items: list[Any] = []
     if text.peek() == "]":
         text.pos += 1
         return items
     while True:
-        items.append(item())
+        items.append(text.value())
         if text.peek() == "]":
             text.pos += 1
             return items

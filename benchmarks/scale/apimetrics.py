@@ -69,14 +69,12 @@ def slower_than(before: Buckets, after: Buckets, seconds: float) -> dict[str, tu
     """Per label value, over what happened between two readings: (observations, those over `seconds`).
     `seconds` must be one of the histogram's bounds."""
     out: dict[str, tuple[int, int]] = {}
-    for endpoint in sorted({e for e, _ in after}):
-        def grew(bound: float, endpoint: str = endpoint) -> int:
-            return after.get((endpoint, bound), 0) - before.get((endpoint, bound), 0)
-        if (endpoint, seconds) not in after:
-            raise ValueError(f"{seconds} s is not a bound of {REVIEW_HISTOGRAM}")
-        total = grew(float("inf"))
+    for value in sorted({v for v, _ in after}):
+        if (value, seconds) not in after:
+            raise ValueError(f"{seconds} s is not a bound of the histogram")
+        total = after.get((value, float("inf")), 0) - before.get((value, float("inf")), 0)
         if total:
-            out[endpoint] = (total, total - grew(seconds))
+            out[value] = (total, total - (after[(value, seconds)] - before.get((value, seconds), 0)))
     return out
 
 
