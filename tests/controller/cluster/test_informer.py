@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -295,15 +296,17 @@ def test_cache_recovers_after_the_apiserver_comes_back(cluster, cache):
     assert cache.slices.errors + cache.classes.errors + cache.claims.errors >= 1
 
 
-def test_reflector_relists_when_the_watch_expires():
+def expiring_reflector(items_of: Any) -> tuple[Reflector, threading.Event, threading.Event]:
+    """A Reflector whose first watch expires at once (410), so it lists again; `items_of(n)` are the items of
+    the n-th list. Returns it unstarted, with the event set once the second watch runs and the event that
+    ends that watch."""
     lists = []
     relisted = threading.Event()
     release = threading.Event()
 
     def list_fn():
         lists.append(1)
-        items = [{"metadata": {"name": f"o{len(lists)}", "resourceVersion": str(len(lists))}}]
-        return {"metadata": {"resourceVersion": str(len(lists))}, "items": items}
+        return {"metadata": {"resourceVersion": str(len(lists))}, "items": items_of(len(lists))}
 
     def watch_fn(rv):
         if len(lists) == 1:
@@ -312,7 +315,11 @@ def test_reflector_relists_when_the_watch_expires():
         relisted.set()
         release.wait(5)
 
-    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    return Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01), relisted, release
+
+
+def test_reflector_relists_when_the_watch_expires():
+    r, relisted, release = expiring_reflector(lambda n: [{"metadata": {"name": f"o{n}", "resourceVersion": str(n)}}])
     r.start()
     try:
         assert relisted.wait(5)
@@ -336,29 +343,18 @@ def test_the_first_list_is_frozen_before_the_collector_can_walk_it(monkeypatch):
         real_freeze()
 
     monkeypatch.setattr(informer, "keep_for_good", spy)
-    lists = []
     first: list[dict] = []
-    relisted = threading.Event()
-    release = threading.Event()
 
-    def list_fn():
-        lists.append(1)
-        items = [{"metadata": {"name": f"o{len(lists)}-{i}", "resourceVersion": "1"}, "spec": {"devices": [{}]}}
+    def items_of(n: int) -> list[dict]:
+        items = [{"metadata": {"name": f"o{n}-{i}", "resourceVersion": "1"}, "spec": {"devices": [{}]}}
                  for i in range(100)]
-        if len(lists) == 1:
+        if n == 1:
             first.extend(items)
-        return {"metadata": {"resourceVersion": str(len(lists))}, "items": items}
-
-    def watch_fn(rv):
-        if len(lists) == 1:
-            yield WatchEvent("ERROR", {"code": 410, "reason": "Expired"})
-            return
-        relisted.set()
-        release.wait(5)
+        return items
 
     gc.unfreeze()
     gc.enable()
-    r = Reflector("things", list_fn, watch_fn, backoff_initial=0.01, backoff_max=0.01)
+    r, relisted, release = expiring_reflector(items_of)
     r.start()
     try:
         assert relisted.wait(5)

@@ -66,14 +66,18 @@ def fractional(slices: list[Obj]) -> None:
         counter_set["counters"]["compute-slices"]["value"] = "1500m"
 
 
-@pytest.mark.parametrize("change", [None, overdrawn, two_entries, unknown_set, too_big, fractional])
-def test_fits_counters_agrees_with_counter_shortfalls(change: Any) -> None:
-    c = mig_cluster()
-    r = c.reader()
+def view_after(change: Any) -> ClusterView:
+    """mig_cluster's view, its slices changed by `change` first (None: as published)."""
+    r = mig_cluster().reader()
     slices = copy.deepcopy(r.resource_slices())
     if change is not None:
         change(slices)
-    view = ClusterView(slices, {}, r.resource_claims())
+    return ClusterView(slices, {}, r.resource_claims())
+
+
+@pytest.mark.parametrize("change", [None, overdrawn, two_entries, unknown_set, too_big, fractional])
+def test_fits_counters_agrees_with_counter_shortfalls(change: Any) -> None:
+    view = view_after(change)
     verdicts = {d.ref: (view.state.fits_counters(d), not view.state.counter_shortfalls(d)) for d in view.index.devices}
     assert verdicts and all(fast == full for fast, full in verdicts.values()), \
         {ref: v for ref, v in verdicts.items() if v[0] != v[1]}
@@ -83,12 +87,7 @@ def test_fits_counters_agrees_with_counter_shortfalls(change: Any) -> None:
 
 def test_what_the_cases_change_shows_in_the_verdicts() -> None:
     def fits(change: Any) -> dict[str, bool]:
-        c = mig_cluster()
-        r = c.reader()
-        slices = copy.deepcopy(r.resource_slices())
-        if change is not None:
-            change(slices)
-        view = ClusterView(slices, {}, r.resource_claims())
+        view = view_after(change)
         return {d.ref: view.state.fits_counters(d) for d in view.index.devices}
 
     before = fits(None)
