@@ -49,8 +49,8 @@ class ControllerApp:
         **cache_options: Any,
     ) -> None:
         self.cel_environment = cel_environment.new_expressions()
-        self.cache = ClusterCache(api, **{"warm": True, **cache_options})
         self.metrics = ControllerMetrics(lambda: (self.cache.index(), self.cache.resource_claims()))
+        self.cache = ClusterCache(api, **{"warm": True, "on_build": self.metrics.observe_build, **cache_options})
         self.handler = AdmissionHandler(self.context, on_deadline=on_deadline)
         self.webhook = WebhookServer(
             self.handler,

@@ -135,6 +135,17 @@ def test_controller_serves_reviews_with_the_live_inventory_and_exports_metrics(t
         assert 'tessera_controller_gpu_memory_allocated_bytes{node="node-a"} 8.589934592e+09' in text
         assert ('tessera_controller_admission_requests_total{endpoint="/validate-resourceclaim",'
                 'kind="ResourceClaim",outcome="denied"} 1.0') in text
+        assert "tessera_controller_snapshot_build_seconds_count 1.0" in text  # the first snapshot
+
+        # a node joins: the snapshot is rebuilt, and the rebuild counted
+        extra = node_slices()[0]
+        extra["metadata"]["name"] = "node-b-gpu.tessera.dev-0"
+        extra["spec"]["nodeName"] = "node-b"
+        cluster.create_resource_slice(extra)
+
+        def builds() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert wait_for(lambda: "tessera_controller_snapshot_build_seconds_count 2.0" in builds())
     finally:
         cluster.close_watches()
         app.stop()
