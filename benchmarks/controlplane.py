@@ -33,8 +33,12 @@ class TunedControlPlane(ControlPlane):
     """
 
     client_qps: int = 5000
+    # components whose Go runtime logs each GC cycle (GODEBUG=gctrace=1) to their log, for attribution
+    gc_trace: tuple[str, ...] = ()
 
     def _start(self, name: str, argv: list[str], *args: Any, **kwargs: Any) -> ManagedProcess:
+        if name in self.gc_trace:
+            kwargs["env"] = {**(kwargs.get("env") or {}), "GODEBUG": "gctrace=1"}
         if name == "controller-manager":
             argv = [*argv, f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={self.client_qps}"]
         if name == "scheduler":

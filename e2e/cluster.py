@@ -110,9 +110,10 @@ class ControlPlane:
         """The argv prefix for a process that belongs with the control plane (its network namespace)."""
         return self.network.enter() if self.network else []
 
-    def _start(self, name: str, argv: list[str], scratch: list[Path] | None = None) -> ManagedProcess:
+    def _start(self, name: str, argv: list[str], scratch: list[Path] | None = None,
+               env: dict[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(name, [*self.enter(), *argv], self.work_dir / "logs" / f"{name}.log",
-                              scratch=scratch or []).start()
+                              env=env, scratch=scratch or []).start()
         self.processes[name] = proc
         return proc
 

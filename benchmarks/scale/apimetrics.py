@@ -43,6 +43,8 @@ def parse_rejections(text: str) -> int:
 # (label value, upper bound in seconds) -> observations within it, cumulative as Prometheus keeps them
 Buckets = dict[tuple[str, float], int]
 REVIEW_HISTOGRAM = "tessera_controller_admission_duration_seconds"  # the controller's, by endpoint
+# the controller's rebuilds of its device snapshot after slices changed (no labels)
+SNAPSHOT_HISTOGRAM = "tessera_controller_snapshot_build_seconds"
 # the apiserver's time calling each admission webhook, by webhook name, answer and transfer included
 WEBHOOK_HISTOGRAM = "apiserver_admission_webhook_admission_duration_seconds"
 

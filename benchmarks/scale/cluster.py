@@ -29,6 +29,8 @@ from e2e.processes import REPO, ClusterError, ManagedProcess, free_port, wait_fo
 PLUGIN_NS = "tessera"
 PLUGIN_SA = "tessera-kubelet-plugin"
 Obj = dict[str, Any]
+# The Go components whose GC cycles the admission report places beside its slow round trips.
+GC_TRACED = ("etcd", "apiserver")
 
 
 def kwok_paths() -> tuple[Path, Path]:
@@ -110,7 +112,8 @@ class ScaleCluster:
     # -- set-up -----------------------------------------------------------------------------------
 
     def start_control_plane(self) -> None:
-        self.plane = TunedControlPlane(self.work_dir, harness_path(), client_qps=self.client_qps)
+        self.plane = TunedControlPlane(self.work_dir, harness_path(), client_qps=self.client_qps,
+                                       gc_trace=GC_TRACED)
         kube = self.plane.start()
         for obj in load_manifests(REPO / "deviceclasses"):
             if obj.get("kind") == "DeviceClass":
@@ -279,6 +282,14 @@ class ScaleCluster:
         ctx = ssl.create_default_context(cadata=self.plane.pki.ca_pem.decode())
         with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
             return str(resp.read().decode())
+
+    def running(self) -> list[ManagedProcess]:
+        """Every process of the benchmark cluster still alive: control plane, kwok, publishers, controller."""
+        procs = list(self.plane.processes.values()) if self.plane else []
+        procs += [p for p in (self.kwok,) if p is not None] + self.fleets
+        if self.controller and self.controller.process:
+            procs.append(self.controller.process)
+        return [p for p in procs if p.alive()]
 
     # -- tear-down --------------------------------------------------------------------------------
 

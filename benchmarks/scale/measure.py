@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale import apimetrics
+from benchmarks.scale import apimetrics, cpusample
 from benchmarks.scale.cluster import ScaleCluster, rss_mib
 from benchmarks.scale.nodemix import CLAIM_CASES, pod_cases, template_name
 from benchmarks.stats import Summary, summarize
@@ -95,16 +95,22 @@ class AdmissionResult:
     first_ms: float  # the very first (for the webhook: its first review of this inventory snapshot)
     denied: int  # refused by the webhook (e.g. its review deadline passed)
     denial: str  # the first refusal's message
+    slow: tuple[tuple[float, float], ...] = ()  # (start, CLOCK_BOOTTIME s; ms) of each summarized one over SLOW_MS
+
+
+SLOW_MS = 50.0  # admission's p99 target: the round trips over it are the ones the report accounts for
 
 
 def round_trips(kube: Kube, make: Callable[[str], Obj], count: int) -> AdmissionResult:
     """Dry-run creates, one after another; the first three (connection set-up on both hops) are not in the
     summary. A refusal is counted and timed like an answer: the benchmark reports it, it does not stop."""
     samples = []
+    slow = []
     first = 0.0
     denied = 0
     denial = ""
     for i in range(count + 3):
+        started = cpusample.now()
         t0 = time.perf_counter()
         try:
             kube.create(make(f"adm-{i}"), dry_run=True)
@@ -118,7 +124,27 @@ def round_trips(kube: Kube, make: Callable[[str], Obj], count: int) -> Admission
             first = elapsed
         if i >= 3:
             samples.append(elapsed)
-    return AdmissionResult(summarize(samples), first, denied, denial[:300])
+            if elapsed > SLOW_MS:
+                slow.append((started, elapsed))
+    return AdmissionResult(summarize(samples), first, denied, denial[:300], tuple(slow))
+
+
+def slow_round_trips(results: dict[str, AdmissionResult], sampler: cpusample.CpuSampler,
+                     cycles: list[cpusample.GcCycle], phase_start: float) -> list[str]:
+    """One line per round trip over SLOW_MS: when, how long, the processes that used the CPU meanwhile (two
+    cores: more than the round trip's own length in all means it waited for a core) and the Go GC cycles
+    it overlapped."""
+    lines = []
+    for name, result in results.items():
+        for start, ms in result.slow:
+            end = start + ms / 1000
+            used = sampler.used(start, end)
+            busy = ", ".join(f"{proc} {cpu * 1000:.0f}" for proc, cpu in used.items() if cpu > 0) or "nothing"
+            gcs = "; ".join(f"{c.process} GC #{c.number} ({c.wall_ms:.0f} ms, {c.heap})"
+                            for c in cpusample.overlapping(cycles, start, end)) or "none"
+            lines.append(f"{name} at +{start - phase_start:.1f} s: {ms:.0f} ms; CPU ms meanwhile: {busy}; "
+                         f"Go GC cycles: {gcs}")
+    return lines
 
 
 def admission(kube: Kube, count: int) -> dict[str, AdmissionResult]:
@@ -457,16 +483,11 @@ def verify_upgraded(kube: Kube, nodes: int, driver_version: str) -> tuple[int, i
 def apiserver_rss(cluster: ScaleCluster) -> dict[str, tuple[float, float]]:
     """(RSS, peak) MiB of every process of the benchmark cluster."""
     out = {}
-    procs = list(cluster.plane.processes.values()) if cluster.plane else []
-    procs += [p for p in (cluster.kwok,) if p is not None] + cluster.fleets
-    if cluster.controller and cluster.controller.process:
-        procs.append(cluster.controller.process)
-    for proc in procs:
-        if proc.alive():
-            try:
-                out[proc.name] = rss_mib(proc.pid)
-            except (OSError, KeyError):
-                continue
+    for proc in cluster.running():
+        try:
+            out[proc.name] = rss_mib(proc.pid)
+        except (OSError, KeyError):
+            continue
     return out
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import structlog
 
-from benchmarks.scale import apimetrics, measure
-from benchmarks.scale.cluster import MemoryGuard, ScaleCluster, mem_available_gib
+from benchmarks.scale import apimetrics, cpusample, measure
+from benchmarks.scale.cluster import GC_TRACED, MemoryGuard, ScaleCluster, mem_available_gib
 from benchmarks.scale.fleet import ORIGINAL_DRIVER_VERSION, UPGRADED_DRIVER_VERSION
 from benchmarks.scale.nodemix import claim_cases, fleet_with, plan_nodes
 from benchmarks.stats import SUMMARY_HEADERS, machine, table
@@ -144,15 +144,22 @@ def _controller_and_admission(cluster: ScaleCluster, args: argparse.Namespace,
     kube = cluster.kube
     measure.ensure_namespace(kube)
     with report.phase("admission without webhooks"):
-        without = measure.admission(kube, args.reviews)
+        without, slow_without = _sampled_admission(cluster, args.reviews)
     with report.phase("controller start"):
         ctrl = measure.start_controller(cluster)
     with report.phase("admission with webhooks"):
-        before = apimetrics.parse_review_buckets(cluster.controller_metrics_text())
-        calls_before = apimetrics.parse_buckets(cluster.metrics_text(), apimetrics.WEBHOOK_HISTOGRAM, "name")
-        with_hooks = measure.admission(kube, args.reviews)
-        after = apimetrics.parse_review_buckets(cluster.controller_metrics_text())
-        calls_after = apimetrics.parse_buckets(cluster.metrics_text(), apimetrics.WEBHOOK_HISTOGRAM, "name")
+        ctrl_before, api_before = cluster.controller_metrics_text(), cluster.metrics_text()
+        with_hooks, slow_with = _sampled_admission(cluster, args.reviews)
+        ctrl_after, api_after = cluster.controller_metrics_text(), cluster.metrics_text()
+    before, after = apimetrics.parse_review_buckets(ctrl_before), apimetrics.parse_review_buckets(ctrl_after)
+    calls_before, calls_after = (apimetrics.parse_buckets(text, apimetrics.WEBHOOK_HISTOGRAM, "name")
+                                 for text in (api_before, api_after))
+    builds_before, builds_after = (apimetrics.parse_buckets(text, apimetrics.SNAPSHOT_HISTOGRAM, "")
+                                   for text in (ctrl_before, ctrl_after))
+    builds = apimetrics.slower_than(builds_before, builds_after, 0.25).get("", (0, 0))
+    slice_writes = sum(n for (verb, resource, _), n in apimetrics.delta(
+        apimetrics.parse_requests(api_before), apimetrics.parse_requests(api_after)).items()
+        if resource == "resourceslices" and verb in ("POST", "PUT", "PATCH", "DELETE"))
     denials = [f"{k}: {v.denied} denied, e.g. {v.denial}" for k, v in with_hooks.items() if v.denied]
     # The round trips above include the apiserver and the machine; the controller's own histogram says how
     # many of those reviews it took long to answer itself, the apiserver's how many of its calls to the
@@ -168,10 +175,33 @@ def _controller_and_admission(cluster: ScaleCluster, args: argparse.Namespace,
         + "; ".join(f"{endpoint} {total} reviews, {inside[0.025][endpoint][1]} over 25 ms, {slow} over 100 ms"
                     for endpoint, (total, slow) in inside[0.1].items())
         + ". The apiserver's calls to the webhooks (its " + apimetrics.WEBHOOK_HISTOGRAM + "): "
-        + "; ".join(f"{name} {total} calls, {slow} over 100 ms" for name, (total, slow) in calls.items()))
+        + "; ".join(f"{name} {total} calls, {slow} over 100 ms" for name, (total, slow) in calls.items())
+        + f". Meanwhile the publishers wrote ResourceSlices {slice_writes} times and the controller rebuilt its "
+        + f"device snapshot {builds[0]} times ({builds[1]} of them over 250 ms)."
+        + f"\n\nRound trips over {measure.SLOW_MS:.0f} ms, with the CPU each process used meanwhile (2 cores) and "
+        + "the Go GC cycles of " + ", ".join(GC_TRACED) + " they overlapped; with webhooks:\n\n"
+        + "".join(f"- {line}\n" for line in slow_with or ["none"])
+        + "\nwithout webhooks (before the controller started):\n\n"
+        + "".join(f"- {line}\n" for line in slow_without or ["none"]))
+    report.data["admission_slow"] = {"with": slow_with, "without": slow_without}
+    report.data["admission_background"] = {"slice_writes": slice_writes, "snapshot_builds": builds[0]}
     report.data["admission"] = {k: asdict(v) for k, v in with_hooks.items()}
     report.data["admission_reference"] = {k: asdict(v) for k, v in without.items()}
     return measure.controller_memory(cluster, ctrl)
+
+
+def _sampled_admission(cluster: ScaleCluster,
+                       reviews: int) -> tuple[dict[str, measure.AdmissionResult], list[str]]:
+    """measure.admission with every process's CPU sampled throughout; the slow round trips accounted for."""
+    sampler = cpusample.CpuSampler({p.name: p.pid for p in cluster.running()})
+    phase_start = cpusample.now()
+    with sampler:
+        results = measure.admission(cluster.kube, reviews)
+    assert cluster.plane is not None
+    cycles = [cycle for name in GC_TRACED if (proc := cluster.plane.processes.get(name)) and proc.alive()
+              for cycle in cpusample.gc_cycles(name, proc.log_path.read_text(errors="replace"),
+                                               cpusample.started_at(proc.pid))]
+    return results, measure.slow_round_trips(results, sampler, cycles, phase_start)
 
 
 def _scheduling(cluster: ScaleCluster, args: argparse.Namespace, report: Report) -> int:
