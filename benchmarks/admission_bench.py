@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.stats import Summary, summarize, table
-from benchmarks.webhook_bench import CASES, GPU_CLASS, _renamed
+from benchmarks.webhook_bench import CASES, GPU_CLASS, renamed
 from controller.admission import AdmissionHandler
 from controller.checks.inputs import CheckContext
 from controller.cluster.inventory import DeviceIndex
@@ -48,12 +48,12 @@ def fleet(gpus: int) -> tuple[list[dict[str, Any]], int]:
     for n in range(distinct_nodes):
         profile = DISTINCT[n % len(DISTINCT)][0]
         template, count = templates[profile]
-        slices += [_renamed(s, f"{profile}-{n:04d}") for s in template]
+        slices += [renamed(s, f"{profile}-{n:04d}") for s in template]
         total += count
     dgx, per_node = templates["dgx-h100-8"]
     n = 0
     while total < gpus:
-        slices += [_renamed(s, f"dgx-{n:06d}") for s in dgx]
+        slices += [renamed(s, f"dgx-{n:06d}") for s in dgx]
         total += per_node
         n += 1
     return slices, total

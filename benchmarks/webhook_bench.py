@@ -32,14 +32,14 @@ def inventory(nodes: int) -> DeviceIndex:
     slices = []
     for n in range(nodes):
         for s in template:
-            slices.append(_renamed(s, f"dgx-{n:05d}"))
+            slices.append(renamed(s, f"dgx-{n:05d}"))
     for n in range(max(nodes // 32, 1)):
         for s in mig:
-            slices.append(_renamed(s, f"mig-{n:04d}"))
+            slices.append(renamed(s, f"mig-{n:04d}"))
     return DeviceIndex.from_slices(slices)
 
 
-def _renamed(slice_: dict[str, Any], node: str) -> dict[str, Any]:
+def renamed(slice_: dict[str, Any], node: str) -> dict[str, Any]:
     spec = dict(slice_["spec"], nodeName=node, pool=dict(slice_["spec"]["pool"], name=node))
     return {"metadata": {"name": f"{node}-{id(slice_)}"}, "spec": spec}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import structlog
@@ -17,6 +18,13 @@ from controller.webhook import MAX_REVIEWS, REVIEW_DEADLINE_S, WebhookServer
 from driver.cel.environment import NEW, CelEnvironment
 
 log = structlog.get_logger(__name__)
+
+# How long a thread may keep the GIL while another waits for it (CPython's default is 5 ms). A review crosses
+# threads a dozen times (event loop, review thread, back); while the snapshot warmer or a reflector decoding
+# changed slices is busy, each crossing waited out the whole interval: with slices changing ten times a
+# second at 1,000 nodes, reviews took 60-110 ms instead of 4-7 ms. At 0.5 ms they take 14-33 ms (p99), and
+# the warmer's builds about 15% longer.
+REVIEW_SWITCH_INTERVAL_S = 0.0005
 
 
 def parse_address(text: str, default_port: int) -> tuple[str, int]:
@@ -46,6 +54,7 @@ class ControllerApp:
         max_reviews_per_client: int | None = None,
         review_deadline_s: float = REVIEW_DEADLINE_S,
         cel_environment: CelEnvironment = NEW,
+        switch_interval_s: float = REVIEW_SWITCH_INTERVAL_S,
         **cache_options: Any,
     ) -> None:
         self.cel_environment = cel_environment.new_expressions()
@@ -66,6 +75,8 @@ class ControllerApp:
         )
         self._metrics_addr = metrics_addr
         self._metrics_server: Any = None
+        self._switch_interval_s = switch_interval_s
+        self._previous_switch_interval_s: float | None = None
 
     def context(self) -> CheckContext:
         synced = self.cache.synced()
@@ -79,6 +90,8 @@ class ControllerApp:
         )
 
     def start(self) -> None:
+        self._previous_switch_interval_s = sys.getswitchinterval()
+        sys.setswitchinterval(self._switch_interval_s)
         sample_index()  # build the sample devices before the first review, not during it
         self.cache.start()
         if self._metrics_addr is not None:
@@ -91,4 +104,6 @@ class ControllerApp:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.cache.stop()
+        if self._previous_switch_interval_s is not None:
+            sys.setswitchinterval(self._previous_switch_interval_s)
         log.info("controller stopped")

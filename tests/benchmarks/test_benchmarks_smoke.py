@@ -19,6 +19,7 @@ from benchmarks import (
     fsync_floor,
     prepare_bench,
     publish_bench,
+    review_contention_bench,
     webhook_load_bench,
 )
 from benchmarks import run as bench_run
@@ -195,6 +196,18 @@ def test_webhook_load_bench_measures_benign_reviews_with_and_without_hostile_one
     assert result.hostile_outcomes["(benign, no load): /readyz HTTP 200"] == 3
     assert sum(n for outcome, n in result.hostile_outcomes.items() if not outcome.startswith("(")) > 0
     assert "Server: max_reviews=4" in webhook_load_bench.render(result)
+
+
+def test_review_contention_bench_measures_both_intervals_quiet_and_rebuilding() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    rows = review_contention_bench.run(samples=3, nodes=1, rounds=1)
+    assert [row.interval_s for row in rows] == [0.005, 0.0005]
+    assert all(row.quiet.n == row.rebuilding.n == 3 and row.rebuilds_per_s > 0 for row in rows)
+    assert sys.getswitchinterval() == before  # the process's setting is given back
+    text = review_contention_bench.render(rows, 1)
+    assert "5 ms (CPython default)" in text and "0.5 ms (controller)" in text and "rebuilding 1 nodes'" in text
 
 
 def test_health_benchmark_renders_every_stage() -> None:
