@@ -245,6 +245,47 @@ def test_without_a_node_object_slices_are_published_unowned_and_owned_later() ->
     assert owners[0]["uid"] == api.nodes[NODE]["metadata"]["uid"]
 
 
+def test_a_throttled_node_read_holds_the_publish_until_the_node_is_read(fake: FakeKubeAPI) -> None:
+    # Publishing unowned after a 429 meant writing every slice again once the Node could be read: in a 1,000-node
+    # storm 457 nodes rewrote theirs 30 s later, while the apiserver was still catching up
+    now = [1000.0]
+    pub = Publisher(fake, NODE, two_slices(), owner_retry_interval=30, clock=lambda: now[0])
+
+    def throttle_node_read(call: str) -> None:
+        if call.startswith("get_node"):
+            fake.on_call = None
+            fake.fail_next(1, 429, "TooManyRequests", retry_after=2.0)
+
+    fake.on_call = throttle_node_read
+    assert not pub.sync_once()
+    assert stored(fake) == {}  # nothing written without its owner
+    assert "429" in pub.last_error
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    # retried from the slices the refused pass listed, the Node read first
+    assert [c.split()[0] for c in fake.calls[mark:]] == ["get_node", "create_slice", "create_slice"]
+    uid = fake.nodes[NODE]["metadata"]["uid"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in stored(fake).values())
+    now[0] += 31
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert writes(fake, mark) == []  # nothing to write a second time
+
+
+@pytest.mark.parametrize("status", [403, 500, 0])
+def test_a_node_that_cannot_be_read_otherwise_does_not_hold_the_publish(fake: FakeKubeAPI, status: int) -> None:
+    pub = Publisher(fake, NODE, one_slice(), owner_retry_interval=30)
+
+    def refuse_node_read(call: str) -> None:
+        if call.startswith("get_node"):
+            fake.on_call = None
+            fake.fail_next(1, status, "refused")
+
+    fake.on_call = refuse_node_read
+    assert pub.sync_once()
+    assert "ownerReferences" not in stored(fake)[slice_name(NODE, 0)]["metadata"]
+
+
 # -- failures and backoff ---------------------------------------------------------------------------------------
 
 
