@@ -261,6 +261,8 @@ def delete_pods(kube: Kube, timeout: float = 600.0) -> None:
 
 
 PENDING_POD = "nine-h100"
+# No scheduler runs under this name: a pod that names it stays Pending without kube-scheduler retrying it
+NO_SCHEDULER = "no-scheduler.bench-scale"
 
 
 @dataclass(frozen=True)
@@ -275,13 +277,23 @@ class CliResult:
         return statistics.median(self.wall_s)
 
 
-def pending_pod(kube: Kube) -> None:
-    """A pod no node can take (9 H100s; a DGX has 8), which `tessera explain` must explain."""
+def pending_pod(kube: Kube, *, scheduler: str | None = None) -> None:
+    """A pod no node can take (9 H100s; a DGX has 8), which `tessera explain` must explain. With `scheduler`
+    (NO_SCHEDULER), kube-scheduler leaves it alone: one unschedulable claim pod on 600 dynamic-MIG nodes
+    keeps it at most of two cores."""
     spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
         "deviceClassName": "h100.gpu.tessera.dev", "allocationMode": "ExactCount", "count": 9}}]}}
     kube.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": PENDING_POD, "namespace": NAMESPACE}, "spec": {"spec": spec}})
-    kube.apply(_pod(PENDING_POD, PENDING_POD))
+    pod = _pod(PENDING_POD, PENDING_POD)
+    if scheduler is not None:
+        pod["spec"]["schedulerName"] = scheduler
+        kube.apply(pod)
+        # its claim comes from the template as for any pod (kube-controller-manager); explain reads it
+        wait_for(lambda: bool(kube.list("ResourceClaim", NAMESPACE)), timeout=120, interval=0.5,
+                 what=f"the claim of pod {PENDING_POD}")
+        return
+    kube.apply(pod)
 
     def unschedulable() -> bool:
         pod = kube.get("Pod", PENDING_POD, NAMESPACE)

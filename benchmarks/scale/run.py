@@ -89,6 +89,9 @@ def run(args: argparse.Namespace, report: Report) -> None:
         ctrl = measure.controller_memory(cluster, ctrl)
         with report.phase("delete pods"):
             measure.delete_pods(cluster.kube)
+        _status_explain(cluster, args, report, 0, scheduler_idle=True)
+        with report.phase("delete pods"):
+            measure.delete_pods(cluster.kube)
         report.data["controller"] = asdict(ctrl)
         report.add("Controller (webhooks + informer)", table(
             ["start -> serving s", "start -> informer synced (/readyz) s", "RSS synced MiB",
@@ -249,16 +252,21 @@ def _scheduling_without_webhooks(cluster: ScaleCluster, args: argparse.Namespace
         + "\n\nclaims: " + ", ".join(f"{k} {v}" for k, v in bare.by_case.items()))
 
 
-def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Report, claims: int) -> None:
-    with report.phase("status and explain"):
-        measure.pending_pod(cluster.kube)
+def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Report, claims: int, *,
+                    scheduler_idle: bool = False) -> None:
+    """status and explain on a Pending pod, beside the references; `scheduler_idle`: with no pod left for
+    kube-scheduler to retry (the pending pod names no running scheduler), the same cluster otherwise."""
+    with report.phase("status and explain" + (", scheduler idle" if scheduler_idle else "")):
+        measure.pending_pod(cluster.kube, scheduler=measure.NO_SCHEDULER if scheduler_idle else None)
         kubeconfig = str(cluster.plane.kubeconfig) if cluster.plane else ""
         runs = [measure.reference_fetch(kubeconfig, args.cli_runs), measure.reference_list(kubeconfig, args.cli_runs),
                 measure.cli(["status", f"--kubeconfig={kubeconfig}"], args.cli_runs),
                 measure.cli(["explain", f"pod/{measure.PENDING_POD}", "-n", measure.NAMESPACE,
                              f"--kubeconfig={kubeconfig}"], args.cli_runs)]
-    report.data["cli"] = [asdict(r) for r in runs]
-    report.add(f"Whole-cluster reads with {claims} allocated claims (wall time of a new process)", table(
+    report.data["cli_scheduler_idle" if scheduler_idle else "cli"] = [asdict(r) for r in runs]
+    when = ("kube-scheduler idle: no pod to retry" if scheduler_idle
+            else "kube-scheduler retrying the claim pods it could not place")
+    report.add(f"Whole-cluster reads with {claims} allocated claims, {when} (wall time of a new process)", table(
         ["command", "median s", "max s", "runs", "exit", "lines out"],
         [[r.command, f"{r.median_s:.2f}", f"{max(r.wall_s):.2f}", len(r.wall_s), r.rc, r.output_lines]
          for r in runs]))

@@ -311,3 +311,29 @@ def test_the_controller_s_snapshot_rebuilds_are_read_from_its_metrics() -> None:
     after = apimetrics.parse_buckets(generate_latest(metrics.registry).decode(), apimetrics.SNAPSHOT_HISTOGRAM, "")
     assert apimetrics.slower_than(before, after, 0.25) == {"": (3, 2)}
     assert apimetrics.slower_than(after, after, 0.25) == {}
+
+
+class _RecordingKube:
+    """Applies recorded; the claim from the pod's template is there at once; no pod status to read."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, object]] = []
+
+    def apply(self, obj: dict[str, object]) -> dict[str, object]:
+        self.applied.append(obj)
+        return obj
+
+    def list(self, kind: str, namespace: str = "", **_: object) -> list[dict[str, object]]:
+        return [{"metadata": {"name": "claim"}}] if kind == "ResourceClaim" else []
+
+    def get(self, *args: object) -> dict[str, object]:
+        raise AssertionError("a pod no scheduler takes is never waited on to be Unschedulable")
+
+
+def test_the_pending_pod_for_the_idle_reads_names_no_running_scheduler() -> None:
+    kube = _RecordingKube()
+    measure.pending_pod(kube, scheduler=measure.NO_SCHEDULER)  # type: ignore[arg-type]
+    template, pod = kube.applied
+    assert template["kind"] == "ResourceClaimTemplate"
+    assert pod["spec"]["schedulerName"] == measure.NO_SCHEDULER  # type: ignore[index]
+    assert measure.NO_SCHEDULER != "default-scheduler"
