@@ -50,6 +50,7 @@ class CpuSampler:
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> CpuSampler:
+        self._sample()  # before returning: any window that starts inside the block has a sample before it
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
         return self
@@ -60,16 +61,18 @@ class CpuSampler:
             self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            ticks = {}
-            for name, pid in self.pids.items():
-                try:
-                    ticks[name] = cpu_ticks(pid)
-                except (OSError, ValueError, IndexError):  # exited meanwhile
-                    continue
-            self.samples.append((now(), ticks))
-            if self._stop.wait(self.interval):
-                return
+        while not self._stop.wait(self.interval):
+            self._sample()
+        self._sample()  # the last one after stop(), so a window that ends just before is covered
+
+    def _sample(self) -> None:
+        ticks = {}
+        for name, pid in self.pids.items():
+            try:
+                ticks[name] = cpu_ticks(pid)
+            except (OSError, ValueError, IndexError):  # exited meanwhile
+                continue
+        self.samples.append((now(), ticks))
 
     def used(self, start: float, end: float) -> dict[str, float]:
         """CPU seconds each process used from the last sample at or before `start` to the first at or after
@@ -80,6 +83,15 @@ class CpuSampler:
             return {}
         used = {name: (after[1][name] - ticks) * TICK_S for name, ticks in before[1].items() if name in after[1]}
         return dict(sorted(used.items(), key=lambda kv: -kv[1]))
+
+
+    def cores(self) -> float:
+        """Cores the processes used together from the first sample to the last (0 with fewer than two)."""
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        ticks = sum(last[name] - first[name] for name in first if name in last)
+        return ticks * TICK_S / (t1 - t0) if t1 > t0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,22 @@ def pending_pod(kube: Kube, *, scheduler: str | None = None) -> None:
         wait_for(unschedulable, timeout=120, interval=1.0, what=f"pod {PENDING_POD} to be reported Unschedulable")
 
 
+SETTLED_CORES = 0.3
+
+
+def settle(cluster: ScaleCluster, *, window: float = 2.0, timeout: float = 120.0) -> float:
+    """Wait until the cluster's processes together use under SETTLED_CORES of a core over `window` seconds
+    (after deleting 2,000 pods the apiserver, the garbage collector and kwok stay busy for a while); the
+    seconds waited. Gives up quietly after `timeout`: the report says how long it waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with cpusample.CpuSampler({p.name: p.pid for p in cluster.running()}, interval=window) as sampler:
+            time.sleep(window)
+        if sampler.cores() < SETTLED_CORES:
+            break
+    return time.monotonic() - t0
+
+
 def cli(argv: list[str], runs: int) -> CliResult:
     walls = []
     proc: subprocess.CompletedProcess[str] | None = None

@@ -258,18 +258,30 @@ def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Rep
     kube-scheduler to retry (the pending pod names no running scheduler), the same cluster otherwise."""
     with report.phase("status and explain" + (", scheduler idle" if scheduler_idle else "")):
         measure.pending_pod(cluster.kube, scheduler=measure.NO_SCHEDULER if scheduler_idle else None)
+        settled = measure.settle(cluster) if scheduler_idle else None
         kubeconfig = str(cluster.plane.kubeconfig) if cluster.plane else ""
-        runs = [measure.reference_fetch(kubeconfig, args.cli_runs), measure.reference_list(kubeconfig, args.cli_runs),
-                measure.cli(["status", f"--kubeconfig={kubeconfig}"], args.cli_runs),
-                measure.cli(["explain", f"pod/{measure.PENDING_POD}", "-n", measure.NAMESPACE,
-                             f"--kubeconfig={kubeconfig}"], args.cli_runs)]
+        sampler = cpusample.CpuSampler({p.name: p.pid for p in cluster.running()}, interval=0.5)
+        with sampler:  # its first sample is taken on entering: `started` comes after one
+            started = cpusample.now()
+            runs = [measure.reference_fetch(kubeconfig, args.cli_runs),
+                    measure.reference_list(kubeconfig, args.cli_runs),
+                    measure.cli(["status", f"--kubeconfig={kubeconfig}"], args.cli_runs),
+                    measure.cli(["explain", f"pod/{measure.PENDING_POD}", "-n", measure.NAMESPACE,
+                                 f"--kubeconfig={kubeconfig}"], args.cli_runs)]
+            ended = cpusample.now()
+    busy = sampler.used(started, ended)
     report.data["cli_scheduler_idle" if scheduler_idle else "cli"] = [asdict(r) for r in runs]
     when = ("kube-scheduler idle: no pod to retry" if scheduler_idle
             else "kube-scheduler retrying the claim pods it could not place")
     report.add(f"Whole-cluster reads with {claims} allocated claims, {when} (wall time of a new process)", table(
         ["command", "median s", "max s", "runs", "exit", "lines out"],
         [[r.command, f"{r.median_s:.2f}", f"{max(r.wall_s):.2f}", len(r.wall_s), r.rc, r.output_lines]
-         for r in runs]))
+         for r in runs])
+        + (f"\n\nBefore these reads the cluster's processes were left to settle for {settled:.0f} s (until they used "
+           f"under {measure.SETTLED_CORES} of a core)." if settled is not None else "")
+        + f"\n\nCPU seconds the cluster's processes used during these reads ({ended - started:.0f} s, the commands "
+        + "themselves not counted): " + ", ".join(f"{name} {cpu:.1f}" for name, cpu in busy.items() if cpu >= 0.05))
+    report.data["cli_cpu_scheduler_idle" if scheduler_idle else "cli_cpu"] = busy
 
 
 def _storms(cluster: ScaleCluster, args: argparse.Namespace, report: Report) -> None:

@@ -4,6 +4,8 @@ the same clock."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -56,6 +58,21 @@ def test_the_sampler_sees_the_cpu_a_process_burns_and_not_one_that_sleeps() -> N
         time.sleep(0.05)
     assert sampler.used(busy_from, busy_to)["me"] >= 0.2
     assert sampler.used(idle_from, idle_to)["me"] <= 0.1
+
+
+def test_a_window_inside_the_block_is_covered_however_soon_it_starts_and_ends() -> None:
+    with CpuSampler({"me": os.getpid()}, interval=10.0) as sampler:  # no sample from the thread in between
+        start = cpusample.now()
+        time.sleep(0.05)
+        end = cpusample.now()
+    assert "me" in sampler.used(start, end)
+
+
+def test_cores_is_the_cpu_of_all_processes_over_the_sampled_span() -> None:
+    sampler = CpuSampler({})
+    assert sampler.cores() == 0.0
+    sampler.samples = [(10.0, {"a": 0, "b": 0}), (11.0, {"a": 50, "b": 30}), (12.0, {"a": 100, "b": 60})]
+    assert sampler.cores() == pytest.approx(160 * cpusample.TICK_S / 2.0)
 
 
 def test_a_window_outside_the_samples_uses_nothing_known() -> None:
@@ -115,3 +132,28 @@ def test_round_trips_keep_when_each_slow_one_started_leaving_out_the_first_three
     starts = [start for start, _ in result.slow]
     assert before < starts[0] < starts[1] < after
     assert starts[1] - starts[0] >= 0.06  # the first slow one lies between them
+
+
+class _Proc:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.name, self.pid = "p", popen.pid
+
+
+class _Cluster:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.procs = [_Proc(popen)]
+
+    def running(self) -> list[_Proc]:
+        return self.procs
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_settle_waits_while_the_cluster_burns_a_core_and_not_when_it_rests(busy: bool) -> None:
+    code = "while True: pass" if busy else "import time; time.sleep(60)"
+    popen = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        waited = measure.settle(_Cluster(popen), window=0.4, timeout=2.0)  # type: ignore[arg-type]
+    finally:
+        popen.kill()
+        popen.wait()
+    assert (waited >= 2.0) if busy else (waited < 2.0)
