@@ -282,10 +282,12 @@ class Publisher:
         try:
             node = self._api.get_node(self._node)
         except ApiError as exc:
-            if exc.throttled:
-                # The apiserver asks us to come back later and would most likely refuse the writes too. Publishing
-                # without the owner now meant writing every slice a second time once the Node could be read: in a
-                # 1,000-node restart storm 457 nodes did so 30 s later, while the apiserver was still catching up.
+            if exc.throttled and refresh:
+                # Slices are about to be created and the apiserver asks us to come back later (it would most likely
+                # refuse the creates too). Creating them without the owner meant writing every one a second time
+                # once the Node could be read: in a 1,000-node first publish 457 nodes did so 30 s later. Slices
+                # that exist keep their owner reference through every update (_body), so a pass that only
+                # updates them goes ahead.
                 raise
             if exc.not_found:
                 # A Node that was deleted (and maybe registered again) must not stay our owner: the garbage

@@ -272,6 +272,31 @@ def test_a_throttled_node_read_holds_the_publish_until_the_node_is_read(fake: Fa
     assert writes(fake, mark) == []  # nothing to write a second time
 
 
+def test_a_restarted_agent_whose_node_read_is_throttled_still_updates_its_owned_slices(fake: FakeKubeAPI) -> None:
+    # a rollout storm: the slices exist with their owner, the new agent's Node read gets a 429; the update keeps
+    # the owner reference the slices carry, so nothing has to be written again once the Node is read
+    now = [1000.0]
+    Publisher(fake, NODE, two_slices()).sync_once()
+    pub = Publisher(fake, NODE, labelled(two_slices(), "v2"), owner_retry_interval=30, clock=lambda: now[0])
+
+    def throttle_node_read(call: str) -> None:
+        if call.startswith("get_node"):
+            fake.on_call = None
+            fake.fail_next(1, 429, "TooManyRequests")
+
+    fake.on_call = throttle_node_read
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert writes(fake, mark) == ["replace_slice", "replace_slice"]
+    uid = fake.nodes[NODE]["metadata"]["uid"]
+    assert all(o["metadata"]["labels"]["extra"] == "v2" for o in stored(fake).values())
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in stored(fake).values())
+    now[0] += 31
+    mark = len(fake.calls)
+    assert pub.sync_once()
+    assert [c.split()[0] for c in fake.calls[mark:]] == ["list_slices", "get_node"]  # the Node read, no write
+
+
 @pytest.mark.parametrize("status", [403, 500, 0])
 def test_a_node_that_cannot_be_read_otherwise_does_not_hold_the_publish(fake: FakeKubeAPI, status: int) -> None:
     pub = Publisher(fake, NODE, one_slice(), owner_retry_interval=30)
