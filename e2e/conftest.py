@@ -21,7 +21,7 @@ from e2e.cluster import Cluster, NodeAgent, NodeSpec, plugin_available, remove_s
 from e2e.kube import Kube
 from e2e.node.hermetic import differences, machine_snapshot
 from e2e.node.realnode import RealNode, real_node_unavailable
-from e2e.processes import REPO, stop_leftovers
+from e2e.processes import REPO, stop_leftovers, wait_for
 from e2e.realpods import REAL_NODE_TAINT, REAL_NODE_TAINT_KEY
 from e2e.workloads import delete_pods, ensure_namespace
 
@@ -194,6 +194,11 @@ def namespace(kube: Kube, cluster: Cluster) -> Iterator[str]:
         delete_pods(kube, name)
         for c in kube.list("ResourceClaim", name):
             kube.delete("ResourceClaim", c["metadata"]["name"], name)
+        # Pods a Deployment's garbage collection already removed are not in delete_pods' list, and their claims
+        # may still hold devices: the next test's pods would be placed around them (four 10Gi shares spread over
+        # two cards once). Every claim of the namespace gone means every device it held is free again.
+        wait_for(lambda: not kube.list("ResourceClaim", name), timeout=60,
+                 what=f"the ResourceClaims of {name} to be deleted and their devices freed")
 
 
 @pytest.fixture
