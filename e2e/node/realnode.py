@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,15 @@ def _cgroup_hierarchies() -> list[Path]:
     return [p for p in sorted(CGROUP_ROOT.iterdir()) if p.is_dir() and not p.is_symlink()]
 
 
+def cgroup_procs_files(top: Path) -> Iterator[Path]:
+    """The cgroup.procs file of `top` and of every group below it. os.walk skips a group that vanishes while it
+    walks (runc or kubelet removing a container's group as its processes die); Path.rglob raised
+    FileNotFoundError there and failed the node's teardown."""
+    for parent, _, files in os.walk(top):
+        if "cgroup.procs" in files:
+            yield Path(parent) / "cgroup.procs"
+
+
 def _kill_cgroup_tree(name: str) -> None:
     """SIGKILL every process in the cgroup `name` (all hierarchies) and remove its directories."""
     for _ in range(50):
@@ -114,7 +124,7 @@ def _kill_cgroup_tree(name: str) -> None:
             top = hierarchy / name
             if not top.is_dir():
                 continue
-            for procs in top.rglob("cgroup.procs"):
+            for procs in cgroup_procs_files(top):
                 with contextlib.suppress(OSError):
                     for pid in procs.read_text().split():
                         alive = True
