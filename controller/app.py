@@ -22,8 +22,8 @@ log = structlog.get_logger(__name__)
 # How long a thread may keep the GIL while another waits for it (CPython's default is 5 ms). A review crosses
 # threads a dozen times (event loop, review thread, back); while the snapshot warmer or a reflector decoding
 # changed slices is busy, each crossing waited out the whole interval: with slices changing ten times a
-# second at 1,000 nodes, reviews took 60-110 ms instead of 4-7 ms. At 0.5 ms they take 14-33 ms (p99), and
-# the warmer's builds about 15% longer.
+# second at 1,000 nodes, reviews through the apiserver took p99 57-99 ms; at 0.5 ms 14-33 ms, and a snapshot
+# build about 23% longer (benchmarks/review_contention_bench).
 REVIEW_SWITCH_INTERVAL_S = 0.0005
 
 

@@ -291,6 +291,10 @@ class ScaleCluster:
             procs.append(self.controller.process)
         return [p for p in procs if p.alive()]
 
+    def pids(self) -> dict[str, int]:
+        """Each running process's pid by its name (what benchmarks.scale.cpusample samples)."""
+        return {p.name: p.pid for p in self.running()}
+
     # -- tear-down --------------------------------------------------------------------------------
 
     def stop(self) -> None:

@@ -84,7 +84,6 @@ class CpuSampler:
         used = {name: (after[1][name] - ticks) * TICK_S for name, ticks in before[1].items() if name in after[1]}
         return dict(sorted(used.items(), key=lambda kv: -kv[1]))
 
-
     def cores(self) -> float:
         """Cores the processes used together from the first sample to the last (0 with fewer than two)."""
         if len(self.samples) < 2:

@@ -288,12 +288,12 @@ def pending_pod(kube: Kube, *, scheduler: str | None = None) -> None:
     pod = _pod(PENDING_POD, PENDING_POD)
     if scheduler is not None:
         pod["spec"]["schedulerName"] = scheduler
-        kube.apply(pod)
+    kube.apply(pod)
+    if scheduler is not None:
         # its claim comes from the template as for any pod (kube-controller-manager); explain reads it
         wait_for(lambda: bool(kube.list("ResourceClaim", NAMESPACE)), timeout=120, interval=0.5,
                  what=f"the claim of pod {PENDING_POD}")
         return
-    kube.apply(pod)
 
     def unschedulable() -> bool:
         pod = kube.get("Pod", PENDING_POD, NAMESPACE)
@@ -314,7 +314,7 @@ def settle(cluster: ScaleCluster, *, window: float = 2.0, timeout: float = 120.0
     seconds waited. Gives up quietly after `timeout`: the report says how long it waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        with cpusample.CpuSampler({p.name: p.pid for p in cluster.running()}, interval=window) as sampler:
+        with cpusample.CpuSampler(cluster.pids(), interval=window) as sampler:
             time.sleep(window)
         if sampler.cores() < SETTLED_CORES:
             break

@@ -196,7 +196,7 @@ def _controller_and_admission(cluster: ScaleCluster, args: argparse.Namespace,
 def _sampled_admission(cluster: ScaleCluster,
                        reviews: int) -> tuple[dict[str, measure.AdmissionResult], list[str]]:
     """measure.admission with every process's CPU sampled throughout; the slow round trips accounted for."""
-    sampler = cpusample.CpuSampler({p.name: p.pid for p in cluster.running()})
+    sampler = cpusample.CpuSampler(cluster.pids())
     phase_start = cpusample.now()
     with sampler:
         results = measure.admission(cluster.kube, reviews)
@@ -260,7 +260,7 @@ def _status_explain(cluster: ScaleCluster, args: argparse.Namespace, report: Rep
         measure.pending_pod(cluster.kube, scheduler=measure.NO_SCHEDULER if scheduler_idle else None)
         settled = measure.settle(cluster) if scheduler_idle else None
         kubeconfig = str(cluster.plane.kubeconfig) if cluster.plane else ""
-        sampler = cpusample.CpuSampler({p.name: p.pid for p in cluster.running()}, interval=0.5)
+        sampler = cpusample.CpuSampler(cluster.pids(), interval=0.5)
         with sampler:  # its first sample is taken on entering: `started` comes after one
             started = cpusample.now()
             runs = [measure.reference_fetch(kubeconfig, args.cli_runs),

@@ -134,17 +134,12 @@ def test_round_trips_keep_when_each_slow_one_started_leaving_out_the_first_three
     assert starts[1] - starts[0] >= 0.06  # the first slow one lies between them
 
 
-class _Proc:
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.name, self.pid = "p", popen.pid
-
-
 class _Cluster:
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.procs = [_Proc(popen)]
+        self.pid = popen.pid
 
-    def running(self) -> list[_Proc]:
-        return self.procs
+    def pids(self) -> dict[str, int]:
+        return {"p": self.pid}
 
 
 @pytest.mark.parametrize("busy", [False, True])
